@@ -1,0 +1,35 @@
+"""labkit: the helper package behind the high-performance CNN training course.
+
+Importing labkit first keeps TensorFlow's C++ start-up log lines (oneDNN, CPU features) out of notebook
+outputs; labkit.quiet() does the same for TensorFlow's Python-side warnings once TF is imported.
+"""
+import os as _os
+
+# Must be set before TensorFlow is imported anywhere in the process (00_welcome).
+_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # no oneDNN banner, bit-stable CPU results
+
+__version__ = "0.1.0"
+
+
+def quiet():
+    """Silence TensorFlow's Python loggers and deprecation chatter (learners read outputs)."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    try:
+        import absl.logging
+
+        absl.logging.set_verbosity(absl.logging.ERROR)
+    except ImportError:  # absl comes with TensorFlow; without TF there is nothing to silence
+        pass
+    try:
+        import tensorflow as tf
+
+        tf.get_logger().setLevel("ERROR")
+        tf.autograph.set_verbosity(0)
+    except ImportError:
+        pass

@@ -1,0 +1,59 @@
+"""The `labkit` command: a thin shell over labkit's functions, with no logic of its own.
+
+Each command lives in the module that does the work, as `cli_main(argv) -> int`; this file only
+routes to it, so `labkit --help` stays fast (nothing heavy is imported until a command runs).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "doctor": ("labkit.doctor", "check Python, TensorFlow, Horovod, GPUs, cores, memory, disk and data"),
+    "data": ("labkit.data", "fetch or locate data sets (CIFAR-10) for offline compute nodes"),
+    "flops": ("labkit.flops", "per-layer params, MACs and FLOPs of a named model"),
+    "conv-bench": ("labkit.bench", "time naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50 layers"),
+    "scale": ("labkit.scaling", "run Horovod data-parallel training for several worker counts"),
+    "sweep": ("labkit.sweep", "train seed 000's 16 networks in parallel worker processes"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="labkit",
+        description="labkit: tools behind the high-performance CNN training course.",
+        epilog="Run `labkit COMMAND --help` for a command's options.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        # add_help=False: the command's own parser answers --help with its real options
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        parser.error(f"unknown command {name!r}; choose from: {', '.join(COMMANDS)}")
+    module_name = COMMANDS[name][0]
+    module = importlib.import_module(module_name)
+    entry = getattr(module, "cli_main", None)
+    if entry is None:
+        print(f"labkit {name}: {module_name}.cli_main is missing", file=sys.stderr)
+        return 2
+    try:
+        return int(entry(rest) or 0)
+    except KeyboardInterrupt:
+        print(f"\nlabkit {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

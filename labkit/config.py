@@ -1,0 +1,67 @@
+"""Run profile, seeds and data directory: the course's whole configuration (00_welcome).
+
+One environment variable, LABKIT_PROFILE, scales every experiment:
+  quick    - CI: seconds per notebook, tiny data
+  workshop - default; a laptop or Binder: minutes per notebook
+  full     - GPU / HPC: the real experiment
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+PROFILES = ("quick", "workshop", "full")
+DEFAULT_PROFILE = "workshop"
+
+
+def profile() -> str:
+    """The active profile, read from LABKIT_PROFILE each call; unknown values raise ValueError."""
+    value = os.environ.get("LABKIT_PROFILE", "").strip()
+    if not value:
+        return DEFAULT_PROFILE
+    if value not in PROFILES:
+        raise ValueError(
+            f"LABKIT_PROFILE must be one of {', '.join(PROFILES)}; got {value!r}. "
+            f"Fix: export LABKIT_PROFILE={DEFAULT_PROFILE} (or unset it)."
+        )
+    return value
+
+
+def by_profile(*, quick, workshop, full, name: str | None = None):
+    """Pick the value for the active profile: by_profile(quick=1, workshop=5, full=40)."""
+    # name (or the active profile) selects; the keyword form keeps all three visible at the call site
+    return {"quick": quick, "workshop": workshop, "full": full}[name or profile()]
+
+
+def data_dir() -> Path:
+    """Where labkit keeps data sets: $LABKIT_DATA, else ~/.labkit/data (created on demand)."""
+    env = os.environ.get("LABKIT_DATA", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".labkit" / "data"
+
+
+def set_seed(seed: int = 42, deterministic: bool = False) -> int:
+    """Seed Python, numpy and TensorFlow; deterministic=True also asks TF for deterministic ops.
+
+    Returns the seed so notebooks can print what produced their numbers.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+    random.seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)  # for subprocesses this process starts
+    import numpy as np
+
+    np.random.seed(seed)
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return seed
+    tf.random.set_seed(seed)
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return seed
+
+
+def describe() -> str:
+    """One line for a notebook's header: which profile and data directory produced these numbers."""
+    return f"profile={profile()} (LABKIT_PROFILE), data_dir={data_dir()} (LABKIT_DATA)"

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build Horovod (version from requirements.txt) from source against the TensorFlow installed in the active
+# Python, with Gloo always, MPI when mpicxx is present, NCCL when an NVIDIA GPU is present, and install it.
+#
+#   PYTHON=.venv/bin/python scripts/build-horovod.sh     (default PYTHON: python on PATH)
+#
+# The built wheel is kept in .cache/horovod/<horovod>-tf<tf>-py<py>-<ops>/ so a rebuilt venv reinstalls it in
+# seconds. pip's own cache is bypassed (--no-cache-dir): it does not record which TensorFlow a Horovod wheel
+# was built for, and a wheel built for another TF dies at hvd.init() with HorovodVersionMismatchError.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python}"
+hvd_version="$(sed -n 's/^horovod==\([^ ;#]*\).*/\1/p' "$here/requirements.txt")"
+[ -n "$hvd_version" ] || { echo "build-horovod: no 'horovod==' pin in requirements.txt" >&2; exit 2; }
+tf_version="$("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)" || {
+  echo "build-horovod: TensorFlow is not importable by $PYTHON; install TensorFlow first" >&2; exit 2; }
+py_tag="$("$PYTHON" -c 'import sys; print("%d%d" % sys.version_info[:2])')"
+
+export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || echo 2)}"
+ops="gloo"
+if command -v mpicxx >/dev/null 2>&1; then
+  export HOROVOD_WITH_MPI=1; ops="$ops-mpi"
+else
+  export HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=gloo
+fi
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  export HOROVOD_GPU_OPERATIONS=NCCL; ops="$ops-nccl"
+  # tensorflow[and-cuda] ships NCCL as a wheel; point the build at it unless the site has its own
+  if [ -z "${HOROVOD_NCCL_HOME:-}" ]; then
+    nccl="$("$PYTHON" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)"
+    [ -n "$nccl" ] && export HOROVOD_NCCL_HOME="$nccl"
+  fi
+fi
+
+cache="$here/.cache/horovod/horovod-$hvd_version-tf$tf_version-py$py_tag-$ops"
+if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
+  command -v cmake >/dev/null 2>&1 || "$PYTHON" -m pip install --quiet cmake
+  command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || {
+    echo "build-horovod: no C++ compiler. Fix: apt-get install g++ (Debian/Ubuntu) or module load gcc (HPC)" >&2
+    exit 2; }
+  echo "build-horovod: building horovod $hvd_version for tensorflow $tf_version ($ops); about 2 min on 2 cores"
+  tmp="$(mktemp -d)"
+  "$PYTHON" -m pip wheel --no-cache-dir --no-build-isolation --no-deps "horovod==$hvd_version" -w "$tmp" \
+    > "$tmp/build.log" 2>&1 || { tail -40 "$tmp/build.log" >&2; echo "build-horovod: build failed; log: $tmp/build.log" >&2; exit 1; }
+  mkdir -p "$cache" && mv "$tmp"/horovod-*.whl "$cache"/ && rm -rf "$tmp"
+fi
+"$PYTHON" -m pip install --quiet --no-cache-dir --force-reinstall --no-deps "$cache"/horovod-*.whl
+# Horovod's own runtime dependencies (cloudpickle, pyyaml, packaging, psutil, cffi), from the lock
+"$PYTHON" -m pip install --quiet -c "$here/constraints.txt" cloudpickle pyyaml packaging psutil cffi
+echo "build-horovod: horovod $hvd_version installed ($ops, tensorflow $tf_version)"

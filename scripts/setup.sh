@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Create or refresh .venv with everything the course needs. Fast when nothing changed.
+#
+#   scripts/setup.sh                      python3.11 (or $LABKIT_PYTHON) -> .venv
+#   LABKIT_PYTHON=/opt/py311/bin/python3 scripts/setup.sh
+#
+# Steps: refuse an unsupported Python before installing anything; create .venv; install requirements.txt
+# with the lock in constraints.txt (tensorflow[and-cuda] instead of tensorflow-cpu on NVIDIA hosts); build
+# Horovod (scripts/build-horovod.sh); install labkit in editable mode; register the `labkit` Jupyter kernel;
+# `pip check`. A stamp in .venv records the hash of every input, so a re-run with the same pins does nothing.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+venv="${LABKIT_VENV:-$here/.venv}"
+want="${LABKIT_PYTHON:-python3.11}"
+
+say() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: %s\n' "$*" >&2; exit 2; }
+
+check_python() {  # $1: interpreter; refuses anything but CPython 3.9-3.11
+  local py="$1" v
+  command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || die "no interpreter '$py' found.
+  Fix: install Python 3.11 (e.g. apt-get install python3.11-venv, pyenv install 3.11, module load python/3.11)
+  or name one with LABKIT_PYTHON=/path/to/python3.11"
+  v="$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" || die "'$py' does not run"
+  case "$v" in
+    3.9|3.10|3.11) ;;
+    *) die "Python $v ('$py') is not supported: TensorFlow 2.15 (the newest that Horovod 0.28.1 builds against)
+  has wheels for Python 3.9-3.11 only.
+  Fix: LABKIT_PYTHON=python3.11 make lab   (or rm -rf .venv if it was made with Python $v)" ;;
+  esac
+  "$py" -c 'import venv, ensurepip' 2>/dev/null || die "Python $v at '$py' lacks venv/ensurepip.
+  Fix: apt-get install python$v-venv"
+  echo "$v"
+}
+
+if [ -x "$venv/bin/python" ]; then
+  pyver="$(check_python "$venv/bin/python")"
+else
+  pyver="$(check_python "$want")"
+  say "creating $venv with $want (Python $pyver)"
+  "$want" -m venv "$venv"
+fi
+py="$venv/bin/python"
+
+gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
+mpi=0; command -v mpicxx >/dev/null 2>&1 && mpi=1
+stamp="$venv/.labkit-stamp"
+inputs="$(cat requirements.txt constraints.txt pyproject.toml scripts/setup.sh scripts/build-horovod.sh \
+  | sha256sum | cut -c1-16)-py$pyver-gpu$gpu-mpi$mpi"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ]; then
+  say "environment up to date ($venv)"
+  exit 0
+fi
+
+start=$(date +%s)
+"$py" -m pip install --quiet --upgrade pip setuptools wheel
+reqs="$(mktemp)"; trap 'rm -f "$reqs"' EXIT
+# horovod is built below, not installed by pip from requirements
+grep -v -E '^horovod==' requirements.txt > "$reqs"
+tf_version="$(sed -n 's/^tensorflow-cpu==\([^ ;#]*\).*/\1/p' requirements.txt)"
+if [ "$gpu" = 1 ]; then
+  say "NVIDIA GPU found: installing tensorflow[and-cuda]==$tf_version instead of tensorflow-cpu"
+  sed -i "s/^tensorflow-cpu==.*/tensorflow[and-cuda]==$tf_version/" "$reqs"
+fi
+lock=(-c constraints.txt)
+if [ "$pyver" != 3.11 ]; then
+  # constraints.txt is the Python 3.11 lock; on 3.9/3.10 keep the stack's pins, let pip pick the rest
+  say "Python $pyver: the lock is for 3.11; pinning only tensorflow, keras and numpy"
+  lock=()
+  sed -i -E '/^(tensorflow|keras|numpy)/!s/==.*//' "$reqs"
+fi
+say "installing the pinned stack (TensorFlow $tf_version, JupyterLab, nbval, ...)"
+"$py" -m pip install --quiet -r "$reqs" "${lock[@]}"
+PYTHON="$py" scripts/build-horovod.sh
+"$py" -m pip install --quiet --no-deps -e .
+"$py" -m ipykernel install --sys-prefix --name labkit --display-name "labkit (Python $pyver)" >/dev/null
+"$py" -m pip check
+echo "$inputs" > "$stamp"
+say "done in $(( $(date +%s) - start )) s; check it with: $venv/bin/labkit doctor"
