@@ -1,0 +1,130 @@
+"""CIFAR-10 networks from the seeds: seed 000's 16-network sweep family and seed 002's conv-block net.
+
+seed 000 (MATLAB white paper "Deep Learning in the Cloud"), as reconstructed in shared/DESIGN.md:
+  input 32x32x3 -> conv(k, F, same) -> ReLU -> maxpool(p, stride 2)
+  -> [extra: conv(k, F, same) -> ReLU -> cross-channel normalisation]
+  -> conv(k, 2F, same) -> ReLU -> maxpool(p, stride 2) -> dense(10) -> softmax
+  F in {20, 32}, k in {5, 3}, p in {3, 2}, extra in {no, yes}: 16 networks (SEED000_SWEEP).
+  MATLAB pools without padding, so a 3x3/2 pool maps 32 -> 15 -> 7 and a 2x2/2 pool 32 -> 16 -> 8.
+seed 002 (MATLAB example, 0.8938 test accuracy): 4 x (3x3 conv, batch norm, ReLU) at widths 32 / 64 / 128,
+  2x2 max pools between the blocks, an 8x8 average pool, dense(10), softmax.
+
+Every model ends in a softmax (MATLAB's softmaxLayer), so losses take probabilities, not logits.
+(01_cnn_basics, 05_network_sweep)
+"""
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+
+CIFAR_SHAPE = (32, 32, 3)
+
+
+def _check_int(name, value, minimum=1):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
+
+
+def _check_shape(input_shape):
+    shape = CIFAR_SHAPE if input_shape is None else tuple(input_shape)
+    if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
+        raise ValueError(f"input_shape must be (height, width, channels) of positive ints; got {input_shape!r}")
+    return shape
+
+
+@tf.keras.utils.register_keras_serializable(package="labkit")
+class CrossChannelNormalization(tf.keras.layers.Layer):
+    """MATLAB's crossChannelNormalizationLayer: x / (k + alpha * sum_window(x^2) / window)^beta.
+
+    tf.nn.local_response_normalization divides alpha by nothing, so alpha / window is passed to it.
+    """
+
+    def __init__(self, window=5, alpha=1e-4, beta=0.75, k=1.0, **kwargs):
+        super().__init__(**kwargs)
+        _check_int("window", window)
+        if window % 2 != 1:
+            raise ValueError(f"window must be odd (a channel and its neighbours each side); got {window}")
+        self.window, self.alpha, self.beta, self.k = window, float(alpha), float(beta), float(k)
+
+    def call(self, x):
+        return tf.nn.local_response_normalization(
+            x, depth_radius=(self.window - 1) // 2, bias=self.k, alpha=self.alpha / self.window, beta=self.beta
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "window": self.window, "alpha": self.alpha, "beta": self.beta, "k": self.k}
+
+
+def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_shape=CIFAR_SHAPE, classes=10):
+    """Seed 000's CIFAR-10 network; the four arguments are the white paper's sweep parameters (01_cnn_basics)."""
+    _check_int("filters", filters)
+    _check_int("filter_size", filter_size)
+    _check_int("pool_size", pool_size)
+    _check_int("classes", classes)
+    if not isinstance(extra_conv, bool):
+        raise ValueError(f"extra_conv must be True or False; got {extra_conv!r}")
+    shape = _check_shape(input_shape)
+    L = tf.keras.layers
+    inputs = tf.keras.Input(shape=shape, name="image")
+    x = L.Conv2D(filters, filter_size, padding="same", name="conv1")(inputs)
+    x = L.ReLU(name="relu1")(x)
+    x = L.MaxPooling2D(pool_size, strides=2, name="pool1")(x)
+    if extra_conv:
+        x = L.Conv2D(filters, filter_size, padding="same", name="conv_extra")(x)
+        x = L.ReLU(name="relu_extra")(x)
+        x = CrossChannelNormalization(5, name="norm_extra")(x)
+    x = L.Conv2D(2 * filters, filter_size, padding="same", name="conv2")(x)
+    x = L.ReLU(name="relu2")(x)
+    x = L.MaxPooling2D(pool_size, strides=2, name="pool2")(x)
+    x = L.Flatten(name="flatten")(x)
+    outputs = L.Dense(classes, activation="softmax", name="fc")(x)
+    name = f"seed000_f{filters}_k{filter_size}_p{pool_size}" + ("_extra" if extra_conv else "")
+    return tf.keras.Model(inputs, outputs, name=name)
+
+
+def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10):
+    """Seed 002's conv-block network: 3 stages of block_depth x (3x3 conv, BN, ReLU) (01_cnn_basics)."""
+    _check_int("width", width)
+    _check_int("block_depth", block_depth)
+    _check_int("classes", classes)
+    shape = _check_shape(input_shape)
+    L = tf.keras.layers
+    inputs = tf.keras.Input(shape=shape, name="image")
+    x = inputs
+    for stage, mult in enumerate((1, 2, 4), start=1):
+        if stage > 1:
+            x = L.MaxPooling2D(2, strides=2, name=f"pool{stage - 1}")(x)
+        for i in range(1, block_depth + 1):
+            x = L.Conv2D(mult * width, 3, padding="same", name=f"conv{stage}_{i}")(x)
+            x = L.BatchNormalization(name=f"bn{stage}_{i}")(x)
+            x = L.ReLU(name=f"relu{stage}_{i}")(x)
+    # MATLAB's averagePooling2dLayer(8): on a 32x32 input the last stage is 8x8, so this is a global average
+    x = L.AveragePooling2D(8, name="avgpool")(x) if x.shape[1] == 8 == x.shape[2] else L.GlobalAveragePooling2D(
+        keepdims=True, name="avgpool")(x)
+    x = L.Flatten(name="flatten")(x)
+    outputs = L.Dense(classes, activation="softmax", name="fc")(x)
+    return tf.keras.Model(inputs, outputs, name=f"seed002_w{width}_d{block_depth}")
+
+
+# seed 000's 16 sweep configurations, in the white paper's order of parameters
+SEED000_SWEEP = [
+    {"filters": f, "filter_size": k, "pool_size": p, "extra_conv": e}
+    for f, k, p, e in itertools.product((20, 32), (5, 3), (3, 2), (False, True))
+]
+
+
+def memory_footprint(model) -> int:
+    """Seed 000's memory footprint: 4 bytes (single precision) x learnable parameters, in bytes."""
+    return 4 * int(sum(int(tf.size(w)) for w in model.trainable_weights))
+
+
+def _seed000_builder(input_shape=None, classes=10, **kwargs):
+    return seed000_net(input_shape=_check_shape(input_shape), classes=classes, **kwargs)
+
+
+def _seed002_builder(input_shape=None, classes=10, **kwargs):
+    return seed002_net(input_shape=_check_shape(input_shape), classes=classes, **kwargs)
+
+
+MODELS = {"seed000": _seed000_builder, "seed002": _seed002_builder}
