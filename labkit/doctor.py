@@ -110,6 +110,10 @@ def parse_check_build(text: str) -> dict:
 
 
 def _horovodrun() -> str | None:
+    """$LABKIT_HOROVODRUN (a site's module-loaded Horovod), else the one beside this Python, else PATH."""
+    override = os.environ.get("LABKIT_HOROVODRUN", "").strip()
+    if override:
+        return override if Path(override).exists() else None
     local = Path(sys.executable).with_name("horovodrun")
     return str(local) if local.exists() else shutil.which("horovodrun")
 

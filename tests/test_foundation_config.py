@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+
+from labkit import config
+
+
+def test_default_profile_is_workshop(monkeypatch):
+    monkeypatch.delenv("LABKIT_PROFILE", raising=False)
+    assert config.profile() == "workshop"
+
+
+@pytest.mark.parametrize("name", ["quick", "workshop", "full"])
+def test_valid_profiles(monkeypatch, name):
+    monkeypatch.setenv("LABKIT_PROFILE", name)
+    assert config.profile() == name
+    assert config.by_profile(quick=1, workshop=2, full=3) == {"quick": 1, "workshop": 2, "full": 3}[name]
+
+
+@pytest.mark.parametrize("bad", ["fast", "QUICK", "ful"])
+def test_unknown_profile_lists_valid_ones(monkeypatch, bad):
+    monkeypatch.setenv("LABKIT_PROFILE", bad)
+    with pytest.raises(ValueError) as err:
+        config.profile()
+    msg = str(err.value)
+    assert "LABKIT_PROFILE" in msg and repr(bad) in msg
+    assert all(p in msg for p in ("quick", "workshop", "full"))
+
+
+def test_data_dir_from_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_DATA", str(tmp_path))
+    assert config.data_dir() == tmp_path
+    monkeypatch.delenv("LABKIT_DATA")
+    assert config.data_dir().name == "data"
+
+
+def test_set_seed_repeats_numpy_and_tensorflow():
+    import tensorflow as tf
+
+    def draw():
+        config.set_seed(7)
+        return np.random.rand(3), tf.random.uniform((3,)).numpy()
+
+    (a_np, a_tf), (b_np, b_tf) = draw(), draw()
+    np.testing.assert_array_equal(a_np, b_np)
+    np.testing.assert_array_equal(a_tf, b_tf)
+    config.set_seed(8)
+    assert not np.array_equal(np.random.rand(3), a_np)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "42", True])
+def test_set_seed_rejects_bad_seed(bad):
+    with pytest.raises(ValueError, match="seed"):
+        config.set_seed(bad)
