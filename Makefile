@@ -20,6 +20,7 @@ lab: setup
 	@scripts/lab.sh
 
 test: setup
+	@scripts/system-deps.sh
 	LABKIT_PROFILE=quick $(PY) -m pytest $(ARGS)
 
 refresh: setup
