@@ -45,7 +45,8 @@ if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
     > "$tmp/build.log" 2>&1 || { tail -40 "$tmp/build.log" >&2; echo "build-horovod: build failed; log: $tmp/build.log" >&2; exit 1; }
   mkdir -p "$cache" && mv "$tmp"/horovod-*.whl "$cache"/ && rm -rf "$tmp"
 fi
-"$PYTHON" -m pip install --quiet --no-cache-dir --force-reinstall --no-deps "$cache"/horovod-*.whl
+pip_install() { "$PYTHON" -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location .* is ignored' || true; }; }
+pip_install --no-cache-dir --force-reinstall --no-deps "$cache"/horovod-*.whl
 # Horovod's own runtime dependencies (cloudpickle, pyyaml, packaging, psutil, cffi), from the lock
-"$PYTHON" -m pip install --quiet -c "$here/constraints.txt" cloudpickle pyyaml packaging psutil cffi
+pip_install -c "$here/constraints.txt" cloudpickle pyyaml packaging psutil cffi
 echo "build-horovod: horovod $hvd_version installed ($ops, tensorflow $tf_version)"

@@ -54,8 +54,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ]; then
   exit 0
 fi
 
+# pip, minus the warnings some sites' configs produce for index folders that don't exist
+pip_install() { "$py" -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location .* is ignored' || true; }; }
 start=$(date +%s)
-"$py" -m pip install --quiet --upgrade pip setuptools wheel
+pip_install --upgrade pip setuptools wheel
 reqs="$(mktemp)"; trap 'rm -f "$reqs"' EXIT
 # horovod is built below, not installed by pip from requirements
 grep -v -E '^horovod==' requirements.txt > "$reqs"
@@ -72,9 +74,9 @@ if [ "$pyver" != 3.11 ]; then
   sed -i -E '/^(tensorflow|keras|numpy)/!s/==.*//' "$reqs"
 fi
 say "installing the pinned stack (TensorFlow $tf_version, JupyterLab, nbval, ...)"
-"$py" -m pip install --quiet -r "$reqs" "${lock[@]}"
+pip_install -r "$reqs" "${lock[@]}"
 PYTHON="$py" scripts/build-horovod.sh
-"$py" -m pip install --quiet --no-deps -e .
+pip_install --no-deps -e .
 "$py" -m ipykernel install --sys-prefix --name labkit --display-name "labkit (Python $pyver)" >/dev/null
 "$py" -m pip check
 echo "$inputs" > "$stamp"
