@@ -1,0 +1,427 @@
+"""Convolution three ways: plain loops, im2col + one GEMM, and the GEMM-based backward pass (02_im2col).
+
+Layout is TensorFlow's: x is NHWC (batch, height, width, channels), w is HWIO (kernel height, kernel
+width, input channels, output channels), and `strides`, `padding`, `dilations` mean what they mean in
+`tf.nn.conv2d`:
+
+- strides, dilations: an int or a pair (vertical, horizontal), each >= 1.
+- padding: "VALID" (no padding), "SAME" (output = ceil(input / stride); when the total padding is odd
+  the extra row/column goes at the bottom/right, TensorFlow's asymmetric rule), or explicit pairs
+  [(top, bottom), (left, right)] (TensorFlow's 4-pair NHWC form [[0, 0], [t, b], [l, r], [0, 0]] too).
+
+The im2col matrix has one row per output pixel (N * H_out * W_out rows) and one column per weight of a
+filter (kh * kw * C_in columns, in HWIO order), so `im2col(x) @ w.reshape(-1, C_out)` IS the convolution.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+PADDING_HELP = "padding must be 'VALID', 'SAME' or pairs [(top, bottom), (left, right)]"
+# Rows of the im2col matrix per GEMM in conv2d_im2col: 2048 rows x (3*3*64) columns x 4 bytes is 4.5 MiB,
+# small enough to stay in the last-level cache while it is written and read back, large enough that the
+# GEMM runs at nearly its full rate (the chunk-size sweep in 02_im2col shows the trade-off).
+DEFAULT_CHUNK_SIZE = 2048
+
+
+class ConvGeometry(NamedTuple):
+    """Every size of one convolution: input, kernel, strides, dilations, padding and output."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pad_top: int
+    pad_bottom: int
+    pad_left: int
+    pad_right: int
+    h_out: int
+    w_out: int
+
+    @property
+    def out_shape(self) -> tuple:
+        """Output shape without C_out: (N, H_out, W_out)."""
+        return (self.n, self.h_out, self.w_out)
+
+    @property
+    def cols_shape(self) -> tuple:
+        """Shape of the im2col matrix: (N * H_out * W_out, kh * kw * C_in)."""
+        return (self.n * self.h_out * self.w_out, self.kh * self.kw * self.c)
+
+    @property
+    def padded_hw(self) -> tuple:
+        return (self.h + self.pad_top + self.pad_bottom, self.w + self.pad_left + self.pad_right)
+
+    def flops(self, c_out: int) -> int:
+        """FLOPs of the convolution = of its GEMM: 2 * M * K * N (one multiply + one add per MAC)."""
+        m, k = self.cols_shape
+        return 2 * m * k * int(c_out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Argument checks: every error names the parameter and says what would be accepted.
+
+
+def _int_pair(value, name: str) -> tuple:
+    """An int or a pair of ints, each >= 1, as a pair."""
+    items = value if isinstance(value, (tuple, list, np.ndarray)) else (value,)
+    if len(items) == 1:
+        items = (items[0], items[0])
+    if len(items) != 2:
+        raise ValueError(f"{name} must be an int or a pair (vertical, horizontal); got {value!r}")
+    out = []
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+            raise TypeError(f"{name} must be an int or a pair of ints; got {value!r}")
+        if item < 1:
+            raise ValueError(f"{name} must be >= 1; got {value!r}")
+        out.append(int(item))
+    return tuple(out)
+
+
+def _explicit_padding(padding) -> tuple:
+    """[(top, bottom), (left, right)] or TF's [[0, 0], [t, b], [l, r], [0, 0]] -> (t, b, l, r)."""
+    try:
+        pairs = [tuple(p) for p in padding]
+    except TypeError:
+        raise ValueError(f"{PADDING_HELP}; got {padding!r}") from None
+    if len(pairs) == 4:  # TensorFlow's NHWC form: batch and channel entries must be zero
+        if any(len(p) != 2 for p in pairs) or pairs[0] != (0, 0) or pairs[3] != (0, 0):
+            raise ValueError(f"padding in 4-pair NHWC form must have (0, 0) for batch and channels; got {padding!r}")
+        pairs = pairs[1:3]
+    if len(pairs) != 2 or any(len(p) != 2 for p in pairs):
+        raise ValueError(f"{PADDING_HELP}; got {padding!r}")
+    flat = [v for p in pairs for v in p]
+    for v in flat:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"padding amounts must be ints; got {padding!r}")
+        if v < 0:
+            raise ValueError(f"padding amounts must be >= 0; got {padding!r}")
+    return tuple(int(v) for v in flat)
+
+
+def _as_float_array(a, name: str) -> np.ndarray:
+    a = np.asarray(a)
+    if not np.issubdtype(a.dtype, np.floating):
+        raise TypeError(f"{name} must be a float array (float16/32/64); got dtype {a.dtype}. "
+                        f"Convert with {name}.astype(np.float32).")
+    return a
+
+
+def _check_rank4(a: np.ndarray, name: str, layout: str):
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be a 4-D {layout} array; got shape {a.shape} ({a.ndim}-D)")
+
+
+def geometry(input_shape, kernel_size, strides=1, padding="VALID", dilations=1) -> ConvGeometry:
+    """All sizes of a convolution of an NHWC input_shape with a (kh, kw) kernel, TF's rules (02_im2col)."""
+    if len(input_shape) != 4:
+        raise ValueError(f"x must be a 4-D NHWC array; got shape {tuple(input_shape)}")
+    n, h, w, c = (int(v) for v in input_shape)
+    kh, kw = _int_pair(kernel_size, "kernel_size")
+    sh, sw = _int_pair(strides, "strides")
+    dh, dw = _int_pair(dilations, "dilations")
+    eff_h, eff_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1  # the dilated kernel's footprint
+    if isinstance(padding, str):
+        if padding in ("VALID", "valid"):
+            pads = (0, 0, 0, 0)
+        elif padding in ("SAME", "same"):
+            # TF: output = ceil(input / stride); pad what that needs, the odd one out at the bottom/right
+            pads = []
+            for size, stride, eff in ((h, sh, eff_h), (w, sw, eff_w)):
+                total = max((math.ceil(size / stride) - 1) * stride + eff - size, 0)
+                pads += [total // 2, total - total // 2]
+            pads = tuple(pads)
+        else:
+            raise ValueError(f"{PADDING_HELP}; got {padding!r}")
+    else:
+        pads = _explicit_padding(padding)
+    pt, pb, pl, pr = pads
+    hp, wp = h + pt + pb, w + pl + pr
+    if eff_h > hp or eff_w > wp:
+        raise ValueError(
+            f"kernel_size {kh}x{kw} with dilations ({dh}, {dw}) spans {eff_h}x{eff_w} pixels, larger than "
+            f"the padded input {hp}x{wp}; use a smaller kernel or dilation, or more padding")
+    h_out, w_out = (hp - eff_h) // sh + 1, (wp - eff_w) // sw + 1
+    return ConvGeometry(n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pb, pl, pr, h_out, w_out)
+
+
+def _check_conv_args(x, w, strides, padding, dilations):
+    x = _as_float_array(x, "x")
+    w = _as_float_array(w, "w")
+    _check_rank4(x, "x", "NHWC (batch, height, width, channels)")
+    _check_rank4(w, "w", "HWIO (kernel height, kernel width, in channels, out channels)")
+    if w.shape[2] != x.shape[3]:
+        raise ValueError(f"channel mismatch: w has {w.shape[2]} input channels (w.shape[2]) but x has "
+                         f"{x.shape[3]} (x.shape[3])")
+    g = geometry(x.shape, w.shape[:2], strides, padding, dilations)
+    return x, w, g, np.result_type(x.dtype, w.dtype, np.float32)  # float16 is computed in float32
+
+
+def _check_chunk_size(chunk_size):
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, (bool, np.bool_)) or not isinstance(chunk_size, (int, np.integer)):
+        raise TypeError(f"chunk_size must be an int (rows of the im2col matrix per GEMM) or None; got {chunk_size!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 (or None for one GEMM over the whole batch); got {chunk_size!r}")
+    return int(chunk_size)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 1. Plain loops: the definition, written to be read.
+
+
+def conv2d_naive(x, w, strides=1, padding="VALID", dilations=1) -> np.ndarray:
+    """Convolution by loops over every output value: out[n, i, j, o] = sum(patch * w[..., o]) (02_im2col)."""
+    x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
+    out_dtype = np.result_type(x.dtype, w.dtype)
+    xp = np.pad(x.astype(dtype), ((0, 0), (g.pad_top, g.pad_bottom), (g.pad_left, g.pad_right), (0, 0)))
+    w = w.astype(dtype)
+    c_out = w.shape[3]
+    out = np.zeros((g.n, g.h_out, g.w_out, c_out), dtype)
+    for n in range(g.n):  # every output value: image n, row i, column j, channel o
+        for i in range(g.h_out):
+            for j in range(g.w_out):
+                top, left = i * g.sh, j * g.sw
+                # the receptive field: kh x kw pixels, dilations apart, all input channels
+                patch = xp[n, top:top + (g.kh - 1) * g.dh + 1:g.dh, left:left + (g.kw - 1) * g.dw + 1:g.dw, :]
+                for o in range(c_out):
+                    out[n, i, j, o] = np.sum(patch * w[:, :, :, o])
+    return out.astype(out_dtype, copy=False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 2. im2col: one row per output pixel, one column per filter weight.
+#
+# Row (n, i, j) of the matrix is x_padded[n, i*sh + a*dh, j*sw + b*dw, c] for a < kh, b < kw, c < C:
+# a 6-D strided VIEW of the padded input (no data moves). One copy of that view into a preallocated
+# buffer makes it the matrix a GEMM needs. The copy is done per chunk of output rows, so the buffer
+# stays small enough to be read back by the GEMM from cache rather than from memory.
+
+
+def _split(total: int, parts: int) -> list:
+    """Boundaries cutting range(total) into `parts` nearly equal pieces."""
+    return [round(k * total / parts) for k in range(parts + 1)]
+
+
+def _chunks(g: ConvGeometry, chunk_size, workers: int = 1) -> list:
+    """[(n0, n1, r0, r1)]: images n0:n1, output rows r0:r1, each at most chunk_size im2col rows
+    (but at least one output row), in a number of chunks that `workers` threads can share evenly."""
+    per_image, total = g.h_out * g.w_out, g.n * g.h_out * g.w_out
+    target = total if chunk_size is None else min(chunk_size, total)
+    target = min(target, math.ceil(total / workers))
+    if target >= per_image:  # whole images per chunk
+        parts = math.ceil(g.n / (target // per_image))
+        parts = min(g.n, math.ceil(parts / workers) * workers)
+        cuts = _split(g.n, parts)
+        return [(cuts[k], cuts[k + 1], 0, g.h_out) for k in range(parts)]
+    parts = math.ceil(g.h_out / max(1, target // g.w_out))  # pieces of rows of one image per chunk
+    if g.n < workers:  # e.g. one image, two threads: an even number of pieces
+        parts = min(g.h_out, math.ceil(parts / workers) * workers)
+    cuts = _split(g.h_out, parts)
+    return [(n, n + 1, cuts[k], cuts[k + 1]) for n in range(g.n) for k in range(parts)]
+
+
+def _input_rows(g: ConvGeometry, r0: int, r1: int) -> tuple:
+    """Rows [a, b) of the padded input that output rows [r0, r1) read."""
+    return r0 * g.sh, (r1 - 1) * g.sh + (g.kh - 1) * g.dh + 1
+
+
+class _ColumnBuilder:
+    """Builds the im2col rows of one chunk at a time in reusable buffers (padded input strip, matrix)."""
+
+    def __init__(self, x: np.ndarray, g: ConvGeometry, chunks: list, dtype):
+        self.x, self.g = x, g
+        self.copy_free = (g.kh == g.kw == g.sh == g.sw == 1
+                          and g.pad_top == g.pad_bottom == g.pad_left == g.pad_right == 0)
+        if self.copy_free:  # a 1x1, stride-1 convolution: the input already IS the im2col matrix
+            return
+        images = max(n1 - n0 for n0, n1, _, _ in chunks)
+        rows = max(r1 - r0 for _, _, r0, r1 in chunks)
+        a, b = _input_rows(g, 0, rows)
+        # np.zeros: the left/right padding columns are never written, so they stay zero for every chunk
+        self.strip = np.zeros((images, b - a, g.padded_hw[1], g.c), dtype)
+        self.cols = np.empty((images * rows * g.w_out, g.kh * g.kw * g.c), dtype)
+
+    def padded_strip(self, n0, n1, r0, r1) -> np.ndarray:
+        """The zero-padded input rows that output rows r0:r1 of images n0:n1 read."""
+        g = self.g
+        a, b = _input_rows(g, r0, r1)
+        strip = self.strip[: n1 - n0, : b - a]
+        lo, hi = max(a, g.pad_top), min(b, g.pad_top + g.h)  # padded rows that hold image rows
+        hi = max(hi, lo)
+        strip[:, : lo - a] = 0
+        strip[:, hi - a:] = 0
+        strip[:, lo - a: hi - a, g.pad_left: g.pad_left + g.w] = self.x[n0:n1, lo - g.pad_top: hi - g.pad_top]
+        return strip
+
+    def columns(self, n0, n1, r0, r1) -> np.ndarray:
+        """im2col rows for output rows r0:r1 of images n0:n1, shape (m, kh*kw*C) (a view of the buffer)."""
+        g = self.g
+        if self.copy_free:
+            return self.x[n0:n1, r0:r1].reshape(-1, g.c)
+        strip = self.padded_strip(n0, n1, r0, r1)
+        s_n, s_h, s_w, s_c = strip.strides
+        shape = (n1 - n0, r1 - r0, g.w_out, g.kh, g.kw, g.c)
+        patches = np.lib.stride_tricks.as_strided(  # [n, i, j, a, b, c] -> strip[n, i*sh + a*dh, j*sw + b*dw, c]
+            strip, shape, (s_n, g.sh * s_h, g.sw * s_w, g.dh * s_h, g.dw * s_w, s_c), writeable=False)
+        cols = self.cols[: (n1 - n0) * (r1 - r0) * g.w_out]
+        np.copyto(cols.reshape(shape), patches)  # the only data movement of im2col
+        return cols
+
+
+def im2col(x, kernel_size, strides=1, padding="VALID", dilations=1) -> np.ndarray:
+    """The (N*H_out*W_out, kh*kw*C) matrix whose row r is output pixel r's receptive field (02_im2col)."""
+    x = _as_float_array(x, "x")
+    _check_rank4(x, "x", "NHWC (batch, height, width, channels)")
+    g = geometry(x.shape, kernel_size, strides, padding, dilations)
+    chunks = _chunks(g, None)
+    return np.array(_ColumnBuilder(x, g, chunks, x.dtype).columns(*chunks[0]), copy=True)
+
+
+def col2im(cols, input_shape, kernel_size, strides=1, padding="VALID", dilations=1) -> np.ndarray:
+    """The adjoint of im2col: adds every row of cols back onto the pixels it came from (02_im2col).
+
+    Overlapping patches sum, so <im2col(x), y> == <x, col2im(y)> for every x, y: exactly what the
+    gradient of a convolution with respect to its input needs.
+    """
+    cols = _as_float_array(cols, "cols")
+    g = geometry(tuple(input_shape), kernel_size, strides, padding, dilations)
+    if cols.shape != g.cols_shape:
+        raise ValueError(f"cols must have shape {g.cols_shape} (N*H_out*W_out, kh*kw*C) for input_shape "
+                         f"{tuple(input_shape)}; got {cols.shape}")
+    hp, wp = g.padded_hw
+    xp = np.zeros((g.n, hp, wp, g.c), cols.dtype)
+    _scatter_add(xp, cols.reshape(g.n, g.h_out, g.w_out, g.kh, g.kw, g.c), g, 0, g.h_out)
+    return xp[:, g.pad_top: g.pad_top + g.h, g.pad_left: g.pad_left + g.w].copy()
+
+
+def _scatter_add(xp, patches, g: ConvGeometry, r0, r1):
+    """xp[padded rows that output rows r0:r1 read] += patches (N, r1-r0, W_out, kh, kw, C).
+
+    One strided add per kernel offset (a, b): overlapping patches must add up, which one copy of a
+    strided view (as in im2col) cannot do.
+    """
+    top0 = r0 * g.sh
+    for a in range(g.kh):
+        for b in range(g.kw):
+            top, left = top0 + a * g.dh, b * g.dw
+            xp[:, top: top + (r1 - r0 - 1) * g.sh + 1: g.sh,
+               left: left + (g.w_out - 1) * g.sw + 1: g.sw, :] += patches[:, :, :, a, b, :]
+
+
+# ----------------------------------------------------------------------------------------------------
+# 3. Convolution = im2col + one GEMM, forward and backward.
+
+_blas = None  # threadpoolctl's handle on numpy's BLAS, made on first use
+_pools: dict = {}
+
+
+def _blas_controller():
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController().select(user_api="blas")
+    return _blas
+
+
+def blas_threads() -> int:
+    """How many threads numpy's BLAS uses now (threadpoolctl; 1 when it cannot tell)."""
+    info = _blas_controller().info()
+    return max([int(lib.get("num_threads") or 1) for lib in info] or [1])
+
+
+def _run_parallel(work, workers: int):
+    """work(k) for k < workers, in worker threads with BLAS single-threaded (numpy releases the GIL)."""
+    if workers == 1:
+        work(0)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = _pools.get(workers) or _pools.setdefault(workers, ThreadPoolExecutor(workers, "labkit-conv"))
+    with _blas_controller().limit(limits=1):
+        for future in [pool.submit(work, k) for k in range(workers)]:
+            future.result()
+
+
+def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None,
+                  chunk_size=DEFAULT_CHUNK_SIZE, threads=None) -> np.ndarray:
+    """tf.nn.conv2d as im2col(x) @ w.reshape(kh*kw*C_in, C_out), plus an optional bias b (02_im2col).
+
+    chunk_size bounds the im2col buffer to that many rows (output pixels; at least one output row):
+    memory kh*kw*C_in*chunk_size values per thread instead of kh*kw times the whole input, and a buffer
+    that stays in cache. chunk_size=None builds the whole matrix and runs exactly one (multi-threaded)
+    GEMM. With chunks, `threads` workers (default: as many as BLAS uses) each build and multiply their
+    own chunks with a single-threaded BLAS, so the copying runs in parallel too.
+    """
+    x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
+    chunk_size = _check_chunk_size(chunk_size)
+    c_out = w.shape[3]
+    out_dtype = np.result_type(x.dtype, w.dtype)
+    if b is not None:
+        b = _as_float_array(b, "b")
+        out_dtype = np.result_type(out_dtype, b.dtype)
+        if b.shape != (c_out,):
+            raise ValueError(f"b must have shape ({c_out},) (one bias per output channel); got {b.shape}")
+        b = b.astype(dtype, copy=False)
+    if threads is None:
+        threads = blas_threads() if chunk_size is not None else 1
+    elif isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None; got {threads!r}")
+    wmat = np.ascontiguousarray(w.reshape(-1, c_out), dtype=dtype)  # HWIO -> (kh*kw*C_in, C_out)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    out = np.empty((g.n, g.h_out, g.w_out, c_out), dtype)
+    chunks = _chunks(g, chunk_size, threads)
+    workers = min(threads, len(chunks))
+
+    def work(k):
+        builder = _ColumnBuilder(x, g, chunks, dtype)  # one buffer per worker
+        for n0, n1, r0, r1 in chunks[k::workers]:
+            y = out[n0:n1, r0:r1].reshape(-1, c_out)  # contiguous: whole images, or rows of one image
+            np.matmul(builder.columns(n0, n1, r0, r1), wmat, out=y)
+            if b is not None:
+                y += b  # while the chunk is still in cache
+
+    _run_parallel(work, workers)
+    return out.astype(out_dtype, copy=False)
+
+
+def conv2d_im2col_backward(dy, x, w, strides=1, padding="VALID", dilations=1,
+                           chunk_size=DEFAULT_CHUNK_SIZE) -> tuple:
+    """Gradients (dx, dw) of sum(dy * conv2d(x, w)) by two GEMMs and col2im per chunk (02_im2col).
+
+    dw = im2col(x).T @ dy_mat and dx = col2im(dy_mat @ w_mat.T), with dy_mat = dy.reshape(-1, C_out).
+    The bias gradient, if there is a bias, is dy.sum(axis=(0, 1, 2)).
+    """
+    x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
+    chunk_size = _check_chunk_size(chunk_size)
+    dy = _as_float_array(dy, "dy")
+    c_out = w.shape[3]
+    out_dtype = np.result_type(x.dtype, w.dtype, dy.dtype)
+    if dy.shape != (g.n, g.h_out, g.w_out, c_out):
+        raise ValueError(f"dy must have the output's shape {(g.n, g.h_out, g.w_out, c_out)}; got {dy.shape}")
+    wmat = np.ascontiguousarray(w.reshape(-1, c_out), dtype=dtype)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    dy = np.ascontiguousarray(dy, dtype=dtype)
+    hp, wp = g.padded_hw
+    dxp = np.zeros((g.n, hp, wp, g.c), dtype)
+    dwmat = np.zeros_like(wmat)
+    chunks = _chunks(g, chunk_size)
+    builder = _ColumnBuilder(x, g, chunks, dtype)
+    for n0, n1, r0, r1 in chunks:
+        dy_mat = dy[n0:n1, r0:r1].reshape(-1, c_out)
+        dwmat += builder.columns(n0, n1, r0, r1).T @ dy_mat
+        dcols = dy_mat @ wmat.T
+        _scatter_add(dxp[n0:n1], dcols.reshape(n1 - n0, r1 - r0, g.w_out, g.kh, g.kw, g.c), g, r0, r1)
+    dx = dxp[:, g.pad_top: g.pad_top + g.h, g.pad_left: g.pad_left + g.w]
+    return dx.astype(out_dtype), dwmat.reshape(w.shape).astype(out_dtype, copy=False)
