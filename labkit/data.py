@@ -319,27 +319,33 @@ def normalize(x):
     return ((x.astype(np.float32) / 255.0 - np.float32(MEAN)) / np.float32(STD)).astype(np.float32)
 
 
-def augment_batch(x, seed=None):
+def augment_batch(x, seed):
     """Seed 002's augmentation on a batch of NHWC images: random horizontal flip and +-4 px translation.
 
+    seed: an int or a shape-[2] int tensor; the same seed gives the same augmentation (stateless ops).
     Translation pads 4 pixels of zeros (the mean colour after normalisation) and crops a random 32x32 window.
     """
     import tensorflow as tf
 
+    base = tf.cast(tf.reshape(seed, [-1])[:1], tf.int64)
+    seeds = [tf.concat([base, tf.constant([i], tf.int64)], 0) for i in range(3)]
     shape = tf.shape(x)
     n, h, w = shape[0], shape[1], shape[2]
-    x = tf.image.random_flip_left_right(x, seed=seed)
+    flip = tf.random.stateless_uniform([n, 1, 1, 1], seeds[0]) < 0.5
+    x = tf.where(flip, tf.reverse(x, axis=[2]), x)
     padded = tf.pad(x, [[0, 0], [4, 4], [4, 4], [0, 0]])
-    dy = tf.random.uniform([n], 0, 9, dtype=tf.int32, seed=seed)
-    dx = tf.random.uniform([n], 0, 9, dtype=tf.int32, seed=None if seed is None else seed + 1)
+    dy = tf.random.stateless_uniform([n], seeds[1], 0, 9, dtype=tf.int32)
+    dx = tf.random.stateless_uniform([n], seeds[2], 0, 9, dtype=tf.int32)
     rows = dy[:, None] + tf.range(h)[None, :]  # (n, h)
     cols = dx[:, None] + tf.range(w)[None, :]  # (n, w)
-    out = tf.gather(padded, rows, axis=1, batch_dims=1)  # (n, h, W+8, c)
+    out = tf.gather(padded, rows, axis=1, batch_dims=1)  # (n, h, w + 8, c)
     return tf.gather(out, cols, axis=2, batch_dims=1)  # (n, h, w, c)
 
 
 def make_dataset(x, y, batch_size, *, shuffle=True, augment=False, seed=0, shard=None, drop_remainder=False):
     """tf.data pipeline: shard -> shuffle (every epoch) -> batch -> normalise -> augment -> prefetch.
+
+    augment=True applies seed 002's flip and +-4 px shift (augment_batch), different every epoch.
 
     x: uint8 NHWC images; y: integer labels, shape (N,) or (N, 1). shard=(index, count) keeps every count-th
     example starting at index, so Horovod rank i of n trains on its own 1/n of the data. (01_cnn_basics)
@@ -368,12 +374,15 @@ def make_dataset(x, y, batch_size, *, shuffle=True, augment=False, seed=0, shard
     mean, std = tf.constant(MEAN, tf.float32), tf.constant(STD, tf.float32)
 
     def prepare(images, labels):
-        images = (tf.cast(images, tf.float32) / 255.0 - mean) / std
-        if augment:
-            images = augment_batch(images, seed=seed)
-        return images, labels
+        return (tf.cast(images, tf.float32) / 255.0 - mean) / std, labels
 
-    return ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    if augment:
+        # one random seed per batch, a fresh sequence every epoch, reproducible from `seed`
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True)
+        ds = tf.data.Dataset.zip((ds, seeds)).map(lambda xy, s: (augment_batch(xy[0], s), xy[1]),
+                                                   num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)
 
 
 # ---------------------------------------------------------------------------------------------------------
