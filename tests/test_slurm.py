@@ -178,8 +178,8 @@ def test_single_node_template_runs_labkit_scale_with_two_tasks(slurm, tmp_path):
     results = tmp_path / "scale.json"
     out = tmp_path / "job-%j.out"
     env_add = {"LABKIT_VENV": str(Path(sys.executable).parent.parent), "LABKIT_RESULTS": str(results),
-               "LABKIT_PROFILE": "quick", "LABKIT_STEPS": os.environ.get("LABKIT_TEST_SLURM_STEPS", "")}
-    slurm.env.update({k: v for k, v in env_add.items() if v})
+               "LABKIT_PROFILE": "quick", "LABKIT_STEPS": "5", "LABKIT_SCALE_ARGS": "--repeats 2 --warmup-steps 2"}
+    slurm.env.update(env_add)
     job_id = slurm.run("sbatch", "--parsable", "--ntasks=2", "--gres=none", f"--output={out}",
                        f"--chdir={ROOT}", str(ROOT / "hpc/single_node.sbatch"))
     fields = slurm.wait_job(job_id, timeout=240)
@@ -239,3 +239,24 @@ def test_jupyter_template_serves_lab_and_prints_the_tunnel(slurm, tmp_path, isol
         slurm.run("scancel", job_id, check=False)
     fields = slurm.wait_job(job_id, timeout=30)
     assert fields["JobState"] == "CANCELLED", fields
+
+
+def test_multi_node_template_launches_horovod_over_the_allocation(slurm, tmp_path):
+    """Template (b) on one node x 2 tasks: horovodrun gets its hosts from Slurm; ranks end in sync."""
+    out = tmp_path / "hvd"
+    log = tmp_path / "job-%j.out"
+    env = dict(slurm.env, LABKIT_VENV=str(Path(sys.executable).parent.parent), LABKIT_RESULTS=str(out),
+               LABKIT_STEPS="3", LABKIT_PROFILE="quick")
+    job_id = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gres=none",
+                             f"--output={log}", f"--chdir={ROOT}", str(ROOT / "hpc/multi_node.sbatch")],
+                            env=env, capture_output=True, text=True, check=True).stdout.strip()
+    fields = slurm.wait_job(job_id, timeout=180)
+    log = Path(str(log).replace("%j", job_id))
+    text = log.read_text(errors="replace") if log.exists() else "(no job output)"
+    assert fields["JobState"] == "COMPLETED", f"{fields.get('JobState')} {fields.get('ExitCode')}\n{text}"
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["size"] for r in ranks] == [2, 2]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    total = ranks[0]["images_per_sec"] + ranks[1]["images_per_sec"]
+    assert f"{total:.1f} images/s in total" in text
+    assert "2 ranks on 1 node(s)" in text and "all ranks hold the same weights" in text
