@@ -59,13 +59,10 @@ def scaled_lr(step, lr: float, scale: float = 1.0, warmup_steps: int = 0):
         raise ValueError(f"warmup_steps must be >= 0; got {warmup_steps}")
     if warmup_steps == 0:
         return lr * scale
-    try:
-        import tensorflow as tf
-        if tf.is_tensor(step):
-            frac = tf.minimum(1.0, tf.cast(step, tf.float32) / float(warmup_steps))
-            return lr * (1.0 + (scale - 1.0) * frac)
-    except ImportError:
-        pass
+    if not isinstance(step, (int, float)) and type(step).__module__ != "numpy":
+        import tensorflow as tf  # a tensor: the optimizer's iteration counter inside a graph
+        frac = tf.minimum(1.0, tf.cast(step, tf.float32) / float(warmup_steps))
+        return lr * (1.0 + (scale - 1.0) * frac)
     frac = min(1.0, float(step) / warmup_steps)
     return lr * (1.0 + (scale - 1.0) * frac)
 

@@ -180,12 +180,14 @@ def _failing_rank(lines, tails) -> int | None:
 
 
 def launch(np_: int, script_args=(), *, launcher="auto", timeout: float = 300, progress=True,
-           env_extra=None, out_dir=None, tail_lines: int = 15, label: str | None = None) -> list[dict]:
+           env_extra=None, out_dir=None, tail_lines: int = 15, label: str | None = None,
+           marker: str | None = None) -> list[dict]:
     """Run labkit.hvd_train on np_ ranks and return the ranks' result dicts (sorted by rank).
 
     Streams rank 0's progress lines (progress=True prints them; a callable receives each parsed dict).
     On timeout, KeyboardInterrupt or a non-zero exit every process of the launch is killed and
-    HorovodRunError is raised with the failing rank's last `tail_lines` stderr lines.
+    HorovodRunError is raised with the failing rank's last `tail_lines` stderr lines. Every process
+    carries MARKER_ENV=marker (a fresh id unless given), which is how stragglers are found and killed.
     """
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds; got {timeout}")
@@ -196,7 +198,7 @@ def launch(np_: int, script_args=(), *, launcher="auto", timeout: float = 300, p
         old.unlink()
     args = [*map(str, script_args), "--out", str(out)]
     cmd = build_command(np_, args, launcher=launcher)
-    marker = uuid.uuid4().hex
+    marker = marker or uuid.uuid4().hex
     env = dict(os.environ)
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", MARKER_ENV: marker,
                 "TF_ENABLE_ONEDNN_OPTS": env.get("TF_ENABLE_ONEDNN_OPTS", "0")})
@@ -204,6 +206,7 @@ def launch(np_: int, script_args=(), *, launcher="auto", timeout: float = 300, p
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.update({k: str(v) for k, v in (env_extra or {}).items()})
+    env[MARKER_ENV] = marker
     label = label or f"np={np_}"
     tails = collections.defaultdict(lambda: collections.deque(maxlen=tail_lines))
     launcher_lines = collections.deque(maxlen=tail_lines)
@@ -348,11 +351,12 @@ def run(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, war
         raise ValueError(f"np must be a positive int or a list of them; got {np!r}")
     if scaling not in ("weak", "strong"):
         raise ValueError(f"scaling must be 'weak' or 'strong'; got {scaling!r}")
+    bad = [n for n in nps if scaling == "strong" and batch_size % n]
+    if bad:
+        raise ValueError(f"strong scaling splits batch_size={batch_size} over np={bad[0]}: "
+                         f"choose a batch_size divisible by every np")
     rows = []
     for n in nps:
-        if scaling == "strong" and batch_size % n:
-            raise ValueError(f"strong scaling splits batch_size={batch_size} over np={n}: "
-                             f"choose a batch_size divisible by every np")
         per_rank = batch_size // n if scaling == "strong" else batch_size
         args = train_args(model=model, batch_size=per_rank, steps=steps, repeats=repeats,
                           warmup_steps=warmup_steps, data=data, num_examples=num_examples, lr=lr,
