@@ -1,0 +1,476 @@
+"""Per-layer parameters, MACs, FLOPs and activation memory of any built Keras model (03_flops).
+
+Conventions (the papers'; every number is per image, i.e. batch size 1):
+  MAC    one multiply-add. Only convolutions and dense layers have MACs:
+           Conv (1D/2D/3D)   output elements x kernel area x input channels / groups
+           DepthwiseConv2D   output elements x kernel area
+           SeparableConv     its depthwise part + its 1x1 pointwise part
+           ConvTranspose     input elements x kernel area x filters
+           Dense             output elements x input features
+  FLOP   a floating-point operation: FLOPs = 2 x MACs for convolutions and dense layers ("FLOPs" in He et
+         al. 2016 and the lecture are multiply-adds, hence the 2x disagreements 03_flops explains).
+  Off by default, each switched on by an option, the costs the papers leave out (the TF profiler's rules
+  where it has one, so tests can check them):
+    count_bias         1 FLOP per output element of a layer with a bias (TF: BiasAdd)
+    count_bn           normalisation: BatchNormalization 2 per element (inference: scale and shift),
+                       local response normalisation 2n+3 per element (n = window), LayerNormalization 7
+    count_activations  1 per element (ReLU, sigmoid, tanh, ...), softmax 5 per element (TF: Softmax);
+                       includes activations fused into Conv/Dense (activation="relu")
+    count_pooling      window size per output element (TF: MaxPool/AvgPool); global pooling 1 per input
+                       element (TF: Mean)
+    count_elementwise  Add/Subtract/Multiply/...: 1 per output element per extra input (TF: AddV2);
+                       Average adds a divide; Rescaling/Normalization 2 per element
+  Free (0 FLOPs, known): Input, Flatten, Reshape, Permute, Dropout and noise layers, ZeroPadding,
+  Cropping, Concatenate. A layer type not listed here is reported in `report.unknown`, warned about
+  (UnknownLayerWarning), and makes `report.complete` False: it is never silently counted as zero.
+  params       every weight, trainable or not (as model.count_params(); Keras BN keeps 4 per channel,
+               PyTorch counts 2, so `trainable_params` is the number torchvision tables quote)
+  activations  output elements of a layer (per image); activation memory uses 4 bytes each.
+Nested models are counted layer by layer, rows named "outer/inner".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+
+BYTES_PER_VALUE = 4  # float32, as the MATLAB paper's memory footprint
+_OPTIONS = ("count_bias", "count_bn", "count_activations", "count_pooling", "count_elementwise")
+
+
+class UnknownLayerWarning(UserWarning):
+    """A layer type labkit.flops has no rule for: its FLOPs are missing from the totals."""
+
+
+@dataclass(frozen=True)
+class LayerCount:
+    """One row of a report: a layer applied once (a shared layer gets a row per call)."""
+
+    name: str
+    type: str
+    kind: str  # conv, dense, norm, activation, pool, elementwise, free, unknown
+    output_shape: tuple
+    params: int
+    macs: int
+    flops: int
+    activations: int  # output elements
+    inputs: int  # input elements (for memory traffic in the roofline)
+
+
+@dataclass
+class FlopsReport:
+    """Per-layer rows and totals for one model; see the module docstring for conventions."""
+
+    model: str
+    input_shape: tuple
+    rows: list
+    trainable_params: int
+    options: dict = field(default_factory=dict)
+    unknown: list = field(default_factory=list)  # (name, type) of layers without a rule
+
+    @property
+    def params(self) -> int:
+        return sum(r.params for r in self.rows)
+
+    @property
+    def macs(self) -> int:
+        return sum(r.macs for r in self.rows)
+
+    @property
+    def flops(self) -> int:
+        return sum(r.flops for r in self.rows)
+
+    @property
+    def activations(self) -> int:
+        return sum(r.activations for r in self.rows)
+
+    @property
+    def complete(self) -> bool:
+        return not self.unknown
+
+    @property
+    def param_bytes(self) -> int:
+        """Memory of all weights at 4 bytes each (the MATLAB paper's memory footprint)."""
+        return BYTES_PER_VALUE * self.params
+
+    def activation_bytes(self, training: bool = False) -> int:
+        """Activation memory per image: training keeps every layer's output for the backward pass;
+        inference needs only the largest input+output pair of one layer (perfect buffer reuse)."""
+        if training:
+            kept = sum(r.activations for r in self.rows if r.kind != "free" or r.type == "Dropout")
+            return BYTES_PER_VALUE * (_prod(self.input_shape) + kept)
+        return BYTES_PER_VALUE * max((r.inputs + r.activations for r in self.rows), default=0)
+
+    def by_kind(self):
+        """DataFrame of params, MACs, FLOPs and activations summed per kind (conv, dense, ...)."""
+        df = self.to_dataframe()
+        return df.groupby("kind")[["params", "macs", "flops", "activations"]].sum()
+
+    def to_dataframe(self):
+        """One row per layer: name, type, kind, output_shape, params, macs, flops, activations, inputs."""
+        import pandas as pd
+
+        return pd.DataFrame([asdict(r) for r in self.rows],
+                            columns=[f for f in LayerCount.__dataclass_fields__])
+
+    def to_dict(self) -> dict:
+        """JSON-ready: model, params, macs, flops, layers (the `labkit flops --json` contract) and more."""
+        return {
+            "model": self.model, "params": self.params, "macs": self.macs, "flops": self.flops,
+            "trainable_params": self.trainable_params, "activations": self.activations,
+            "input_shape": list(self.input_shape), "options": dict(self.options),
+            "unknown_layers": [list(u) for u in self.unknown],
+            "layers": [{**asdict(r), "output_shape": list(r.output_shape)} for r in self.rows],
+        }
+
+    def __str__(self) -> str:
+        text = (f"{self.model} {self.input_shape}: {self.params:,} params ({self.param_bytes / 1e6:,.1f} MB), "
+                f"{self.macs / 1e9:.2f} G MACs, {self.flops / 1e9:.2f} GFLOPs per image")
+        if self.unknown:
+            text += f"; INCOMPLETE, no rule for {', '.join(f'{n} ({t})' for n, t in self.unknown)}"
+        return text
+
+
+def _prod(shape) -> int:
+    return int(math.prod(int(d) for d in shape))
+
+
+# ---------------------------------------------------------------- per-layer rules
+# Each rule gets (layer, input shapes, output shapes, options) without the batch axis and returns
+# (kind, macs, extra_flops) where extra_flops are the optional costs already filtered by the options.
+
+def _activation_flops(name: str, elements: int) -> int:
+    if name in (None, "linear"):
+        return 0
+    return 5 * elements if name == "softmax" else elements
+
+
+def _fused_extras(layer, out_elems, opts):
+    extra = out_elems if (opts["count_bias"] and getattr(layer, "use_bias", False)) else 0
+    if opts["count_activations"]:
+        extra += _activation_flops(getattr(getattr(layer, "activation", None), "__name__", None), out_elems)
+    return extra
+
+
+def _channels(shape, layer):
+    return shape[0] if getattr(layer, "data_format", "channels_last") == "channels_first" else shape[-1]
+
+
+def _conv(layer, ins, outs, opts):
+    out = _prod(outs[0])
+    macs = out * _prod(layer.kernel_size) * (_channels(ins[0], layer) // layer.groups)
+    return "conv", macs, _fused_extras(layer, out, opts)
+
+
+def _conv_transpose(layer, ins, outs, opts):
+    macs = _prod(ins[0]) * _prod(layer.kernel_size) * layer.filters
+    return "conv", macs, _fused_extras(layer, _prod(outs[0]), opts)
+
+
+def _depthwise(layer, ins, outs, opts):
+    out = _prod(outs[0])
+    return "conv", out * _prod(layer.kernel_size), _fused_extras(layer, out, opts)
+
+
+def _separable(layer, ins, outs, opts):
+    out_shape = outs[0]
+    channels_first = getattr(layer, "data_format", "channels_last") == "channels_first"
+    spatial = _prod(out_shape[1:] if channels_first else out_shape[:-1])
+    mid = _channels(ins[0], layer) * layer.depth_multiplier
+    macs = spatial * mid * _prod(layer.kernel_size) + spatial * mid * layer.filters
+    return "conv", macs, _fused_extras(layer, _prod(out_shape), opts)
+
+
+def _dense(layer, ins, outs, opts):
+    out = _prod(outs[0])
+    return "dense", out * ins[0][-1], _fused_extras(layer, out, opts)
+
+
+def _norm(per_element):
+    def rule(layer, ins, outs, opts):
+        n = per_element(layer) if callable(per_element) else per_element
+        return "norm", 0, n * _prod(outs[0]) if opts["count_bn"] else 0
+    return rule
+
+
+def _activation(layer, ins, outs, opts):
+    if not opts["count_activations"]:
+        return "activation", 0, 0
+    name = getattr(getattr(layer, "activation", None), "__name__", None)
+    if type(layer).__name__ == "Softmax":
+        name = "softmax"
+    return "activation", 0, _activation_flops(name or type(layer).__name__.lower(), _prod(outs[0]))
+
+
+def _pool(layer, ins, outs, opts):
+    return "pool", 0, _prod(outs[0]) * _prod(layer.pool_size) if opts["count_pooling"] else 0
+
+
+def _global_pool(layer, ins, outs, opts):
+    return "pool", 0, _prod(ins[0]) if opts["count_pooling"] else 0
+
+
+def _merge(layer, ins, outs, opts):
+    if not opts["count_elementwise"]:
+        return "elementwise", 0, 0
+    out = _prod(outs[0])
+    return "elementwise", 0, (len(ins) - 1) * out + (out if type(layer).__name__ == "Average" else 0)
+
+
+def _scale_shift(layer, ins, outs, opts):
+    return "elementwise", 0, 2 * _prod(outs[0]) if opts["count_elementwise"] else 0
+
+
+def _free(layer, ins, outs, opts):
+    return "free", 0, 0
+
+
+_RULES = {
+    "Conv1DTranspose": _conv_transpose, "Conv2DTranspose": _conv_transpose, "Conv3DTranspose": _conv_transpose,
+    "DepthwiseConv1D": _depthwise, "DepthwiseConv2D": _depthwise,
+    "SeparableConv1D": _separable, "SeparableConv2D": _separable,
+    "Conv1D": _conv, "Conv2D": _conv, "Conv3D": _conv,
+    "Dense": _dense,
+    "BatchNormalization": _norm(2), "LayerNormalization": _norm(7),
+    "LocalResponseNormalization": _norm(lambda layer: 2 * (2 * layer.depth_radius + 1) + 3),
+    "Activation": _activation, "ReLU": _activation, "LeakyReLU": _activation, "PReLU": _activation,
+    "ELU": _activation, "Softmax": _activation, "ThresholdedReLU": _activation,
+    "MaxPooling1D": _pool, "MaxPooling2D": _pool, "MaxPooling3D": _pool,
+    "AveragePooling1D": _pool, "AveragePooling2D": _pool, "AveragePooling3D": _pool,
+    "GlobalAveragePooling1D": _global_pool, "GlobalAveragePooling2D": _global_pool,
+    "GlobalAveragePooling3D": _global_pool, "GlobalMaxPooling1D": _global_pool,
+    "GlobalMaxPooling2D": _global_pool, "GlobalMaxPooling3D": _global_pool,
+    "Add": _merge, "Subtract": _merge, "Multiply": _merge, "Average": _merge, "Maximum": _merge,
+    "Minimum": _merge, "Rescaling": _scale_shift, "Normalization": _scale_shift,
+    **{name: _free for name in (
+        "InputLayer", "Flatten", "Reshape", "Permute", "Dropout", "SpatialDropout1D", "SpatialDropout2D",
+        "SpatialDropout3D", "GaussianNoise", "GaussianDropout", "AlphaDropout", "ActivityRegularization",
+        "ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D", "Cropping1D", "Cropping2D", "Cropping3D",
+        "Concatenate")},
+}
+
+
+def _rule_for(layer):
+    """The rule of the layer's class or its nearest Keras ancestor (a subclass of Conv2D is a Conv2D)."""
+    for cls in type(layer).__mro__:
+        if cls.__name__ in _RULES:
+            return _RULES[cls.__name__]
+    return None
+
+
+def _is_model(obj) -> bool:
+    import tensorflow as tf
+
+    return isinstance(obj, tf.keras.Model)
+
+
+def _shapes(tensors):
+    import tensorflow as tf
+
+    return [tuple(t.shape[1:]) for t in tf.nest.flatten(tensors)]
+
+
+def _count_into(model, prefix, rows, unknown, seen_params, opts):
+    if not hasattr(model, "_network_nodes"):
+        raise ValueError(f"model {model.name!r} is a subclassed Keras model; count() needs a functional or "
+                         "Sequential model whose layers' shapes are known (build it from keras.Input)")
+    for layer in model.layers:
+        nodes = [node for i, node in enumerate(layer._inbound_nodes)
+                 if f"{layer.name}_ib-{i}" in model._network_nodes]
+        if _is_model(layer):
+            _count_into(layer, f"{prefix}{layer.name}/", rows, unknown, seen_params, opts)
+            continue
+        for node in nodes:
+            ins, outs = _shapes(node.keras_inputs), _shapes(node.outputs)
+            if any(d is None for s in ins + outs for d in s):
+                raise ValueError(f"layer {prefix}{layer.name} has an undefined size {ins} -> {outs}; build the "
+                                 "model with a fixed input_shape (height, width, channels) to count it")
+            params = 0 if id(layer) in seen_params else layer.count_params()
+            seen_params.add(id(layer))
+            rule = _rule_for(layer)
+            if rule is None:
+                kind, macs, extra = "unknown", 0, 0
+                unknown.append((prefix + layer.name, type(layer).__name__))
+            else:
+                kind, macs, extra = rule(layer, ins, outs, opts)
+            rows.append(LayerCount(
+                name=prefix + layer.name, type=type(layer).__name__, kind=kind,
+                output_shape=outs[0] if len(outs) == 1 else tuple(outs), params=int(params),
+                macs=int(macs), flops=int(2 * macs + extra), activations=sum(_prod(s) for s in outs),
+                inputs=sum(_prod(s) for s in ins)))
+
+
+def count(model, *, count_bias=False, count_bn=False, count_activations=False, count_pooling=False,
+          count_elementwise=False) -> FlopsReport:
+    """Count params, MACs, FLOPs and output elements of every layer of a built Keras model, per image.
+
+    Only conv and dense work is counted by default (FLOPs = 2 x MACs); the count_* options add the
+    other costs with the rules in this module's docstring. Unknown layer types are listed in
+    `report.unknown` and warned about. Introduced in 03_flops.
+    """
+    if not _is_model(model):
+        raise TypeError(f"model must be a built tf.keras Model; got {type(model).__name__}")
+    if not model.built or not model.inputs:
+        raise ValueError(f"model {model.name!r} is not built: build it from keras.Input(shape) first")
+    opts = dict(count_bias=bool(count_bias), count_bn=bool(count_bn), count_activations=bool(count_activations),
+                count_pooling=bool(count_pooling), count_elementwise=bool(count_elementwise))
+    rows, unknown = [], []
+    _count_into(model, "", rows, unknown, set(), opts)
+    input_shape = _shapes(model.inputs)[0]
+    trainable = sum(_prod(w.shape) for w in model.trainable_weights)
+    report = FlopsReport(model=model.name, input_shape=input_shape, rows=rows, trainable_params=int(trainable),
+                         options=opts, unknown=unknown)
+    if unknown:
+        listed = ", ".join(f"{n} ({t})" for n, t in unknown)
+        warnings.warn(f"labkit.flops.count: no FLOP rule for {len(unknown)} layer(s): {listed}; their FLOPs are "
+                      "missing from the totals (report.unknown lists them)", UnknownLayerWarning, stacklevel=2)
+    return report
+
+
+_NAMED_CACHE: dict = {}
+
+
+def count_named(name: str, input_size: int | None = None, **options) -> FlopsReport:
+    """Build labkit.models.get(name) at input_size x input_size (None: its default), count it, free it.
+
+    Reports are cached per (name, input_size, options): building VGG or ResNet-152 takes seconds.
+    """
+    import tensorflow as tf
+
+    from labkit import models
+
+    if input_size is not None and (not isinstance(input_size, int) or isinstance(input_size, bool)
+                                   or input_size < 1):
+        raise ValueError(f"input_size must be a positive int or None; got {input_size!r}")
+    key = (name, input_size, tuple(sorted(options.items())))
+    if key not in _NAMED_CACHE:
+        shape = None if input_size is None else (input_size, input_size, 3)
+        model = models.get(name, input_shape=shape)
+        _NAMED_CACHE[key] = count(model, **options)
+        del model
+        tf.keras.backend.clear_session()
+    return _NAMED_CACHE[key]
+
+
+# ---------------------------------------------------------------- TensorFlow's own count
+def tf_profiler_flops(model) -> dict:
+    """TensorFlow's profiler count of the model's frozen inference graph at batch 1: {op type: float_ops}.
+
+    The oracle for count(): its Conv2D + DepthwiseConv2dNative + MatMul entries are 2 x MACs; BiasAdd,
+    MaxPool/AvgPool/Mean, AddV2 and Softmax are the optional costs. The profiler has no rule for
+    ReLU or fused batch norm. Use small input sizes: freezing embeds every weight in the graph.
+    """
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    if not _is_model(model):
+        raise TypeError(f"model must be a built tf.keras Model; got {type(model).__name__}")
+    # Keras runs grouped convolutions inside an XLA-compiled function the profiler cannot see into;
+    # trace them as plain Conv2D ops instead (only traced here, never executed).
+    patched = [layer for layer in model._flatten_layers(include_self=False)
+               if getattr(layer, "groups", 1) > 1 and hasattr(layer, "convolution_op")]
+    for layer in patched:
+        layer._jit_compiled_convolution_op = layer.convolution_op
+    try:
+        specs = [tf.TensorSpec((1,) + tuple(t.shape[1:]), t.dtype) for t in model.inputs]
+        fn = tf.function(lambda *x: model(list(x) if len(x) > 1 else x[0], training=False))
+        frozen = convert_variables_to_constants_v2(fn.get_concrete_function(*specs))
+    finally:
+        for layer in patched:
+            del layer._jit_compiled_convolution_op
+    graph = frozen.graph
+    builder = tf.compat.v1.profiler.ProfileOptionBuilder
+    options = builder(builder.float_operation()).with_empty_output().build()
+    profile = tf.compat.v1.profiler.profile(graph=graph, cmd="scope", options=options)
+    by_type: dict = {}
+    stack = list(profile.children)  # the scope view nests ops whose names extend another op's name
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.float_ops:
+            op_type = graph.get_operation_by_name(node.name).type
+            by_type[op_type] = by_type.get(op_type, 0) + int(node.float_ops)
+    return by_type
+
+
+# ---------------------------------------------------------------- memory
+def training_state_bytes(report: FlopsReport, optimizer_slots: int = 1) -> int:
+    """Weights + gradients + optimizer slots (SGD momentum 1, Adam 2) at 4 bytes per value."""
+    if not isinstance(optimizer_slots, int) or optimizer_slots < 0:
+        raise ValueError(f"optimizer_slots must be a non-negative int; got {optimizer_slots!r}")
+    return report.param_bytes + BYTES_PER_VALUE * report.trainable_params * (1 + optimizer_slots)
+
+
+def max_batch_size(report: FlopsReport, memory_bytes: float, *, training: bool = True,
+                   optimizer_slots: int = 1, reserve_bytes: float = 0) -> int:
+    """Largest batch whose weights (+ gradients and optimizer slots when training) and activations fit.
+
+    A model-only estimate: framework workspace and fragmentation are what reserve_bytes is for.
+    Returns 0 when not even the weights fit.
+    """
+    if not isinstance(memory_bytes, (int, float)) or memory_bytes <= 0:
+        raise ValueError(f"memory_bytes must be a positive number; got {memory_bytes!r}")
+    fixed = training_state_bytes(report, optimizer_slots) if training else report.param_bytes
+    per_image = report.activation_bytes(training=training)
+    free = memory_bytes - reserve_bytes - fixed
+    return max(0, int(free // per_image)) if per_image else 0
+
+
+def memory_table(report: FlopsReport, optimizer_slots: int = 1) -> dict:
+    """Parameter memory, training state, activation memory per image (inference and training), in bytes."""
+    return {
+        "param_bytes": report.param_bytes,
+        "training_state_bytes": training_state_bytes(report, optimizer_slots),
+        "inference_activation_bytes_per_image": report.activation_bytes(training=False),
+        "training_activation_bytes_per_image": report.activation_bytes(training=True),
+    }
+
+
+def training_flops(report: FlopsReport, images: int, epochs: int = 1) -> float:
+    """FLOPs of training: forward + backward ~ 3 x forward (backward computes gradients for both inputs
+    and weights, each as costly as the forward pass), per image, times images x epochs."""
+    return 3.0 * report.flops * images * epochs
+
+
+# ---------------------------------------------------------------- CLI
+def cli_main(argv: list[str]) -> int:
+    """`labkit flops NAME [--input-size N] [--json]`."""
+    from labkit import models
+
+    parser = argparse.ArgumentParser(
+        prog="labkit flops",
+        description="Per-layer params, MACs and FLOPs (= 2 x MACs, conv and dense only) of a named model, "
+                    "per image. Models: " + ", ".join(models.names()))
+    parser.add_argument("name", help="model name, e.g. vgg16, resnet50, alexnet_grouped")
+    parser.add_argument("--input-size", type=int, default=None, metavar="N",
+                        help="square input N x N x 3 (default: the model's own, 224 or 227)")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"model", "params", "macs", "flops", "layers": [...]} as JSON')
+    for option in _OPTIONS:
+        parser.add_argument("--" + option.replace("_", "-"), action="store_true",
+                            help=f"also count {option[6:]} FLOPs (off by default, as the papers)")
+    args = parser.parse_args(argv)
+    if args.name not in models.names():
+        parser.error(f"unknown model {args.name!r}; choose from: {', '.join(models.names())}")
+    if args.input_size is not None and args.input_size < 1:
+        parser.error(f"--input-size must be a positive int; got {args.input_size}")
+    import labkit
+
+    labkit.quiet()
+    try:
+        report = count_named(args.name, args.input_size, **{o: getattr(args, o) for o in _OPTIONS})
+    except ValueError as err:
+        print(f"labkit flops: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    import pandas as pd
+
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        print(report.to_dataframe().drop(columns=["inputs"]).to_string(index=False))
+    print(report)
+    return 0
