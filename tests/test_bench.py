@@ -1,0 +1,135 @@
+"""labkit.bench: timing rules (warm-up excluded, median, spread, side by side), machine info, conv-bench."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import labkit  # noqa: F401
+import numpy as np
+import pytest
+
+from labkit import bench
+
+
+def test_warmup_is_excluded_from_the_timing():
+    calls = []
+
+    def slow_first_call():
+        calls.append(1)
+        time.sleep(0.3 if len(calls) == 1 else 0.001)
+
+    t = bench.timeit(slow_first_call, repeats=5, warmup=1, min_time=0.0)
+    assert len(t.times) == 5 and len(calls) == 6
+    assert t.median < 0.1
+
+
+def test_timing_median_spread_and_rate():
+    t = bench.Timing([0.4, 0.1, 0.2, 0.3, 0.5])
+    assert t.median == pytest.approx(0.3)
+    assert t.spread == pytest.approx(0.2)  # 75th - 25th percentile: 0.4 - 0.2
+    assert t.gflops(3e9) == pytest.approx(10.0)
+
+
+def test_compare_times_side_by_side_in_rotating_order():
+    order = []
+    fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    timings = bench.compare(fns, repeats=3, warmup=1, min_time=0.0)
+    assert set(timings) == {"a", "b", "c"} and all(len(t.times) == 3 for t in timings.values())
+    assert order[3:] == list("abc" "bca" "cab")  # after one warm-up call each
+
+
+def test_short_calls_are_repeated_until_measurable():
+    t = bench.timeit(lambda: None, repeats=3, min_time=0.002)
+    assert t.number > 10
+
+
+def test_bad_repeats_name_the_parameter():
+    with pytest.raises(ValueError, match="repeats"):
+        bench.timeit(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        bench.compare({"a": lambda: None}, warmup=-1)
+
+
+def test_gemm_rate_is_measured():
+    rate = bench.gemm_rate(256, 256, 256, repeats=3)
+    assert np.isfinite(rate) and 0.1 < rate < 1e5  # GFLOP/s: between a slow laptop and a whole GPU
+
+
+def test_blas_info_and_openblas_variables(monkeypatch):
+    info = bench.blas_info()
+    assert info and {"internal_api", "num_threads"} <= set(info[0])
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    monkeypatch.delenv("OPENBLAS_L2_SIZE", raising=False)
+    assert bench.openblas_env() == {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None}
+    assert "are unset" in bench.describe_machine()
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    text = bench.describe_machine()
+    assert "OPENBLAS_CORETYPE=Haswell" in text and "env -u OPENBLAS_CORETYPE" in text
+
+
+def test_resnet50_layers_follow_he_et_al_table_1():
+    # Table 1 of He et al. (2016), 50-layer column: output sizes and [1x1, 3x3, 1x1] widths per stage
+    table = {56: (64, 256), 28: (128, 512), 14: (256, 1024), 7: (512, 2048)}
+    layers = bench.RESNET50_LAYERS
+    assert len(layers) == 12
+    for layer in layers:
+        width, out = table[layer.size]
+        expected = {3: (width, width), 1: (out, width) if "reduce" in layer.name else (width, out)}[layer.kernel]
+        assert (layer.c_in, layer.c_out) == expected
+    # conv2_x's 3x3 at batch 1: a 3136 x 576 x 64 GEMM, 231.2 MFLOP
+    g = layers[0].geometry(1)
+    assert g.cols_shape == (3136, 576) and g.flops(64) == 231_211_008
+
+
+def test_conv_bench_on_small_layers():
+    layers = [bench.ConvLayer("small 3x3", 8, 4, 6, 3), bench.ConvLayer("small 1x1", 8, 6, 4, 1)]
+    result = bench.conv_bench(layers, batch_size=2, repeats=2, naive_size=3)
+    assert [r.layer for r in result.layers] == ["small 3x3", "small 1x1"]
+    row = result.layers[0]
+    assert row.gemm_mkn == (2 * 8 * 8, 9 * 4, 6) and row.gflop == pytest.approx(2 * 128 * 36 * 6 / 1e9)
+    assert set(row.gflops) == {"im2col", "tf", "gemm", "naive"}
+    assert row.ratios["im2col_vs_tf"] == pytest.approx(row.gflops["im2col"] / row.gflops["tf"])
+    assert row.naive_shape == (1, 3, 3, 4)
+    d = json.loads(json.dumps(result.to_dict(), default=float))
+    assert set(d["summary"]) == {"3x3", "1x1"} and set(d["targets"]) == set(bench.TARGETS)
+    text = str(result)
+    assert "im2col/tf" in text and "small 3x3" in text and "target" in text
+    assert list(result.to_dataframe().index) == ["small 3x3", "small 1x1"]
+
+
+def test_chunk_sweep_reports_memory_and_rate():
+    layer = bench.ConvLayer("t", 16, 8, 8, 3)
+    df = bench.chunk_sweep(layer, chunk_sizes=(16, 64, None), batch_size=2, repeats=2, threads=1)
+    assert list(df.index) == [16, 64, "whole batch"]
+    # the whole-batch buffer is the full matrix: 2*16*16 rows x 72 columns x 4 bytes
+    assert df.loc["whole batch", "im2col buffer (MiB)"] == round(2 * 256 * 72 * 4 / 2**20, 2)
+    assert df.loc[16, "GEMMs"] == 32 and df.loc["whole batch", "GEMMs"] == 1
+    assert (df["GFLOP/s"] > 0).all()
+
+
+def test_cli_help_and_bad_arguments(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.cli_main(["--help"])
+    assert exit_.value.code == 0 and "--json" in capsys.readouterr().out
+    for bad in (["--batch-size", "0"], ["--kernels", "5"], ["--kernels", "x"], ["--chunk-size", "-1"]):
+        with pytest.raises(SystemExit) as exit_:
+            bench.cli_main(bad)
+        assert exit_.value.code == 2
+
+
+@pytest.mark.slow
+def test_conv_bench_command_quick_profile(tmp_path):
+    """`labkit conv-bench --json FILE` as CI runs it: every ResNet-50 layer, ratios in the JSON."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, LABKIT_PROFILE="quick")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "labkit", "conv-bench", "--json", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert time.perf_counter() - start < 180  # the target is < 60 s; slack for a shared CI machine
+    d = json.loads(out.read_text())
+    assert d["profile"] == "quick" and d["batch_size"] == 2 and len(d["layers"]) == 12
+    assert all({"im2col_vs_tf", "im2col_vs_gemm", "im2col_vs_naive"} <= set(r["ratios"]) for r in d["layers"])
+    assert "OPENBLAS_CORETYPE" in d["openblas_env"] and d["blas"]
+    assert "im2col/gemm" in proc.stdout and "GFLOP/s" in proc.stdout
