@@ -42,9 +42,9 @@ if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
   echo "build-horovod: building horovod $hvd_version for tensorflow $tf_version ($ops); about 2 min on 2 cores"
   tmp="$(mktemp -d)"
   # a heartbeat, so a long compile on a busy laptop doesn't look hung
+  SECONDS=0
   ( while sleep 30; do echo "build-horovod: still compiling ($SECONDS s)"; done ) & ticker=$!
   trap 'kill $ticker 2>/dev/null' EXIT
-  SECONDS=0
   "$PYTHON" -m pip wheel --no-cache-dir --no-build-isolation --no-deps "horovod==$hvd_version" -w "$tmp" \
     > "$tmp/build.log" 2>&1 || { tail -40 "$tmp/build.log" >&2; echo "build-horovod: build failed; log: $tmp/build.log" >&2; exit 1; }
   kill $ticker 2>/dev/null; trap - EXIT
