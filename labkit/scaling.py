@@ -167,16 +167,23 @@ def kill_tree(proc, marker: str | None = None, grace: float = 3.0) -> int:
     return len(procs)
 
 
+# Lines that mark a rank as a victim of another rank's failure rather than its cause.
+_SECONDARY = ("Horovod has been shut down", "HorovodAllreduce", "HorovodBroadcast", "Connection closed",
+              "Connection reset", "gloo", "Gloo", "peer")
+
+
 def _failing_rank(lines, tails) -> int | None:
-    """Which rank failed: Horovod's own report first, else the first rank whose stderr has a traceback."""
+    """Which rank failed first: a rank whose traceback is its own (not a collective torn down under it),
+    else the rank Horovod names, else the first rank with a traceback."""
+    with_tb = [r for r in sorted(tails) if any("Traceback" in t or "Error" in t for t in tails[r])]
+    own = [r for r in with_tb if not any(m in t for t in tails[r] for m in _SECONDARY)]
+    if own:
+        return own[0]
     for line in lines:
         m = re.search(r"Process (?:name: )?(\d+)(?: exit with status code| *$)", line)
         if m:
             return int(m.group(1))
-    for rank in sorted(tails):
-        if any("Traceback" in t or "Error" in t for t in tails[rank]):
-            return rank
-    return None
+    return with_tb[0] if with_tb else None
 
 
 def launch(np_: int, script_args=(), *, launcher="auto", timeout: float = 300, progress=True,

@@ -203,13 +203,12 @@ def _leftovers(marker, token):
 @needs_horovod
 def test_cli_two_rank_gloo_run_ends_with_equal_checksums(tmp_path):
     out = tmp_path / "scale.json"
-    rc = scaling.cli_main(["--np", "1,2", "--batch-size", "16", "--steps", "3", "--repeats", "2",
+    rc = scaling.cli_main(["--np", "2", "--batch-size", "16", "--steps", "3", "--repeats", "2",
                            "--warmup-steps", "1", "--json", str(out), "--quiet", "--timeout", "240"])
     doc = json.loads(out.read_text())
     assert rc == 0
     runs = {r["np"]: r for r in doc["runs"]}
-    assert sorted(runs) == [1, 2]
-    assert runs[1]["efficiency"] == pytest.approx(1.0)
+    assert sorted(runs) == [2]
     assert len(runs[2]["checksums"]) == 2 and runs[2]["checksums"][0] == runs[2]["checksums"][1]
     assert runs[2]["global_batch_size"] == 32 and all(r["images_per_sec"] > 0 for r in runs.values())
 
@@ -245,10 +244,20 @@ def test_crashed_rank_gives_its_traceback_and_leaves_no_process(tmp_path):
 def test_hung_rank_is_killed_at_the_timeout_with_no_orphans(tmp_path):
     marker = uuid.uuid4().hex
     args = scaling.train_args(**{**TINY, "warmup_steps": 0}, extra=["--hang-rank", "0", "--fault-at-step", "0"])
-    timeout = 30
+    timeout = 20
     t0 = time.perf_counter()
     with pytest.raises(scaling.HorovodRunError) as e:
         scaling.launch(2, args, timeout=timeout, progress=False, out_dir=tmp_path, marker=marker)
     assert time.perf_counter() - t0 < timeout + 15
-    assert e.value.timed_out and "timeout=30" in str(e.value)
+    assert e.value.timed_out and "timeout=20" in str(e.value)
     assert _leftovers(marker, str(tmp_path)) == []
+
+
+def test_failing_rank_is_the_cause_not_the_victim():
+    tails = {0: ["Traceback (most recent call last):", "tensorflow.errors.UnknownError: Horovod has been shut down",
+                 "[[{{node DistributedSGD_Allreduce/HorovodAllreduce_grads_0}}]]"],
+             1: ["Traceback (most recent call last):", "RuntimeError: injected failure on rank 1"]}
+    # Horovod names whichever exit it noticed first (here rank 0); the root cause is rank 1
+    assert scaling._failing_rank(["Process name: 0", "Exit code: 1"], tails) == 1
+    assert scaling._failing_rank(["Process name: 3"], {}) == 3
+    assert scaling._failing_rank([], {}) is None
