@@ -272,7 +272,7 @@ def synthetic(n_train=50000, n_test=10000, seed=0):
 def default_sizes(name: str) -> tuple[int, int]:
     """(n_train, n_test) the active profile uses: small in quick, all of CIFAR-10 in full."""
     full = (50000, 10000)
-    return config.by_profile(quick=(5000, 1000), workshop=(20000, 4000) if name == "synthetic" else full,
+    return config.by_profile(quick=(5000, 1000), workshop=(10000, 2000) if name == "synthetic" else full,
                              full=full)
 
 
