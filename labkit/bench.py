@@ -199,7 +199,7 @@ class BenchResult:
     profile: str
     batch_size: int
     repeats: int
-    chunk_size: int
+    chunk_size: object  # "auto", rows per GEMM, or None (whole batch)
     machine_gemm_gflops: float
     machine: str
     openblas_env: dict
@@ -302,7 +302,7 @@ def default_settings(profile: str | None = None) -> dict:
 
 
 def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size=None,
-               chunk_size=conv.DEFAULT_CHUNK_SIZE, naive=True, seed=0, progress=None) -> BenchResult:
+               chunk_size="auto", naive=True, seed=0, progress=None) -> BenchResult:
     """Time conv2d_im2col, tf.nn.conv2d, a bare GEMM of the same M x K x N, and (on a naive_size x
     naive_size input) conv2d_naive, side by side on each layer; defaults come from the profile (02_im2col)."""
     import tensorflow as tf
@@ -351,7 +351,7 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
     return result
 
 
-def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 1024, 2048, 8192, None),
+def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 1024, "auto", 8192, 32768, None),
                 batch_size=None, repeats=None, threads=None):
     """GFLOP/s and im2col buffer memory (MiB) of conv2d_im2col per chunk_size on one layer (02_im2col).
 
@@ -371,10 +371,11 @@ def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 102
     timings = compare(fns, repeats=repeats)
     rows = []
     for cs, t in timings.items():
-        workers = 1 if cs is None else (threads or conv.blas_threads())
-        chunks = conv._chunks(g, cs, workers)
-        buffer_rows = max((n1 - n0) * (r1 - r0) * g.w_out for n0, n1, r0, r1 in chunks) * min(workers, len(chunks))
-        rows.append({"chunk_size": "whole batch" if cs is None else cs, "GEMMs": len(chunks),
+        rows_per_chunk = conv._check_chunk_size(cs, g, np.float32)
+        chunks, workers = conv.plan(g, rows_per_chunk, threads)
+        buffer_rows = max((n1 - n0) * (r1 - r0) * g.w_out for n0, n1, r0, r1 in chunks) * workers
+        label = "whole batch" if cs is None else (f"auto ({rows_per_chunk})" if cs == "auto" else cs)
+        rows.append({"chunk_size": label, "GEMMs": len(chunks), "threads": workers,
                      "im2col buffer (MiB)": round(buffer_rows * g.cols_shape[1] * 4 / 2**20, 2),
                      "GFLOP/s": round(t.gflops(g.flops(layer.c_out)), 1)})
     return pd.DataFrame(rows).set_index("chunk_size")
@@ -395,16 +396,18 @@ def cli_main(argv: list) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the results (GFLOP/s, ratios, machine) as JSON")
     parser.add_argument("--batch-size", type=int, help="images per batch (default: by profile, quick=2, workshop=8)")
     parser.add_argument("--repeats", type=int, help="timed repeats per method (default: by profile)")
-    parser.add_argument("--chunk-size", type=int, default=conv.DEFAULT_CHUNK_SIZE,
-                        help=f"im2col rows per GEMM (default {conv.DEFAULT_CHUNK_SIZE}; 0 = whole batch, one GEMM)")
+    parser.add_argument("--chunk-size", default="auto",
+                        help="im2col rows per GEMM: 'auto' (default, about 4 MiB), a number, or 0 = whole batch, one GEMM")
     parser.add_argument("--kernels", default="3,1", help="which layers: '3', '1' or '3,1' (default)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loops")
     args = parser.parse_args(argv)
     for name in ("batch_size", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.chunk_size < 0:
-        parser.error("--chunk-size must be >= 0")
+    if args.chunk_size != "auto":
+        if not args.chunk_size.isdigit():
+            parser.error(f"--chunk-size must be 'auto' or a number >= 0; got {args.chunk_size!r}")
+        args.chunk_size = int(args.chunk_size) or None
     try:
         kernels = {int(k) for k in args.kernels.split(",")}
     except ValueError:
@@ -417,7 +420,7 @@ def cli_main(argv: list) -> int:
     labkit.quiet()
     start = time.perf_counter()
     result = conv_bench(layers=[layer for layer in RESNET50_LAYERS if layer.kernel in kernels],
-                        batch_size=args.batch_size, repeats=args.repeats, chunk_size=args.chunk_size or None,
+                        batch_size=args.batch_size, repeats=args.repeats, chunk_size=args.chunk_size,
                         naive=not args.no_naive,
                         progress=lambda row: print(f"  {row.layer}: done", file=sys.stderr, flush=True))
     print()

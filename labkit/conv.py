@@ -20,10 +20,14 @@ from typing import NamedTuple
 import numpy as np
 
 PADDING_HELP = "padding must be 'VALID', 'SAME' or pairs [(top, bottom), (left, right)]"
-# Rows of the im2col matrix per GEMM in conv2d_im2col: 2048 rows x (3*3*64) columns x 4 bytes is 4.5 MiB,
-# small enough to stay in the last-level cache while it is written and read back, large enough that the
-# GEMM runs at nearly its full rate (the chunk-size sweep in 02_im2col shows the trade-off).
-DEFAULT_CHUNK_SIZE = 2048
+# chunk_size="auto": as many im2col rows as fit in CHUNK_BYTES (at least MIN_CHUNK_ROWS). A 4 MiB buffer
+# stays in the last-level cache while it is written and read back by the GEMM; 256+ rows keep the GEMM
+# near its full rate (the chunk-size sweep in 02_im2col shows the trade-off).
+CHUNK_BYTES = 4 * 2**20
+MIN_CHUNK_ROWS = 256
+# with threads=None, worker threads are used only when each gets at least this many rows; smaller
+# problems run as one GEMM on BLAS's own threads (splitting a short matrix only repeats B's packing)
+PARALLEL_MIN_ROWS = 512
 
 
 class ConvGeometry(NamedTuple):
@@ -166,11 +170,18 @@ def _check_conv_args(x, w, strides, padding, dilations):
     return x, w, g, np.result_type(x.dtype, w.dtype, np.float32)  # float16 is computed in float32
 
 
-def _check_chunk_size(chunk_size):
+def _check_chunk_size(chunk_size, g: ConvGeometry, dtype):
+    """chunk_size as rows of the im2col matrix per GEMM, or None for the whole matrix."""
     if chunk_size is None:
         return None
+    if isinstance(chunk_size, str):
+        if chunk_size != "auto":
+            raise ValueError(f"chunk_size must be 'auto', an int >= 1 or None; got {chunk_size!r}")
+        k = g.kh * g.kw * g.c
+        return max(MIN_CHUNK_ROWS, CHUNK_BYTES // (k * np.dtype(dtype).itemsize))
     if isinstance(chunk_size, (bool, np.bool_)) or not isinstance(chunk_size, (int, np.integer)):
-        raise TypeError(f"chunk_size must be an int (rows of the im2col matrix per GEMM) or None; got {chunk_size!r}")
+        raise TypeError(f"chunk_size must be 'auto', an int (rows of the im2col matrix per GEMM) or None; "
+                        f"got {chunk_size!r}")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1 (or None for one GEMM over the whole batch); got {chunk_size!r}")
     return int(chunk_size)
@@ -342,30 +353,42 @@ def blas_threads() -> int:
 
 
 def _run_parallel(work, workers: int):
-    """work(k) for k < workers, in worker threads with BLAS single-threaded (numpy releases the GIL)."""
+    """work() in `workers` threads with BLAS single-threaded (numpy releases the GIL in copies and GEMMs)."""
     if workers == 1:
-        work(0)
+        work()
         return
     from concurrent.futures import ThreadPoolExecutor
 
     pool = _pools.get(workers) or _pools.setdefault(workers, ThreadPoolExecutor(workers, "labkit-conv"))
     with _blas_controller().limit(limits=1):
-        for future in [pool.submit(work, k) for k in range(workers)]:
+        for future in [pool.submit(work) for _ in range(workers)]:
             future.result()
 
 
-def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None,
-                  chunk_size=DEFAULT_CHUNK_SIZE, threads=None) -> np.ndarray:
+def plan(g: ConvGeometry, chunk_size, threads=None) -> tuple:
+    """(chunks, workers) conv2d_im2col uses: chunk_size already resolved to rows or None."""
+    if threads is None:
+        threads = blas_threads() if chunk_size is not None else 1
+        threads = max(1, min(threads, g.cols_shape[0] // PARALLEL_MIN_ROWS))
+    elif isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None; got {threads!r}")
+    chunks = _chunks(g, chunk_size, threads)
+    return chunks, min(threads, len(chunks))
+
+
+def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_size="auto",
+                  threads=None) -> np.ndarray:
     """tf.nn.conv2d as im2col(x) @ w.reshape(kh*kw*C_in, C_out), plus an optional bias b (02_im2col).
 
     chunk_size bounds the im2col buffer to that many rows (output pixels; at least one output row):
-    memory kh*kw*C_in*chunk_size values per thread instead of kh*kw times the whole input, and a buffer
-    that stays in cache. chunk_size=None builds the whole matrix and runs exactly one (multi-threaded)
-    GEMM. With chunks, `threads` workers (default: as many as BLAS uses) each build and multiply their
-    own chunks with a single-threaded BLAS, so the copying runs in parallel too.
+    kh*kw*C_in*chunk_size values per thread instead of kh*kw times the whole input, and a buffer that
+    stays in cache. "auto" (default) picks about 4 MiB; None builds the whole matrix and runs exactly
+    one GEMM. With chunks, `threads` workers (default: as many as BLAS uses, when the batch is large
+    enough) each take the next chunk, build its rows and multiply them with a single-threaded BLAS, so
+    the copying runs in parallel too.
     """
     x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
-    chunk_size = _check_chunk_size(chunk_size)
+    chunk_size = _check_chunk_size(chunk_size, g, dtype)
     c_out = w.shape[3]
     out_dtype = np.result_type(x.dtype, w.dtype)
     if b is not None:
@@ -374,19 +397,15 @@ def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None,
         if b.shape != (c_out,):
             raise ValueError(f"b must have shape ({c_out},) (one bias per output channel); got {b.shape}")
         b = b.astype(dtype, copy=False)
-    if threads is None:
-        threads = blas_threads() if chunk_size is not None else 1
-    elif isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise ValueError(f"threads must be a positive int or None; got {threads!r}")
+    chunks, workers = plan(g, chunk_size, threads)
     wmat = np.ascontiguousarray(w.reshape(-1, c_out), dtype=dtype)  # HWIO -> (kh*kw*C_in, C_out)
     x = np.ascontiguousarray(x, dtype=dtype)
     out = np.empty((g.n, g.h_out, g.w_out, c_out), dtype)
-    chunks = _chunks(g, chunk_size, threads)
-    workers = min(threads, len(chunks))
+    todo = iter(chunks)  # shared by the workers: whoever is free takes the next chunk
 
-    def work(k):
+    def work():
         builder = _ColumnBuilder(x, g, chunks, dtype)  # one buffer per worker
-        for n0, n1, r0, r1 in chunks[k::workers]:
+        for n0, n1, r0, r1 in todo:
             y = out[n0:n1, r0:r1].reshape(-1, c_out)  # contiguous: whole images, or rows of one image
             np.matmul(builder.columns(n0, n1, r0, r1), wmat, out=y)
             if b is not None:
@@ -396,15 +415,14 @@ def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None,
     return out.astype(out_dtype, copy=False)
 
 
-def conv2d_im2col_backward(dy, x, w, strides=1, padding="VALID", dilations=1,
-                           chunk_size=DEFAULT_CHUNK_SIZE) -> tuple:
+def conv2d_im2col_backward(dy, x, w, strides=1, padding="VALID", dilations=1, chunk_size="auto") -> tuple:
     """Gradients (dx, dw) of sum(dy * conv2d(x, w)) by two GEMMs and col2im per chunk (02_im2col).
 
     dw = im2col(x).T @ dy_mat and dx = col2im(dy_mat @ w_mat.T), with dy_mat = dy.reshape(-1, C_out).
     The bias gradient, if there is a bias, is dy.sum(axis=(0, 1, 2)).
     """
     x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
-    chunk_size = _check_chunk_size(chunk_size)
+    chunk_size = _check_chunk_size(chunk_size, g, dtype)
     dy = _as_float_array(dy, "dy")
     c_out = w.shape[3]
     out_dtype = np.result_type(x.dtype, w.dtype, dy.dtype)

@@ -100,8 +100,8 @@ def test_conv_bench_on_small_layers():
 
 def test_chunk_sweep_reports_memory_and_rate():
     layer = bench.ConvLayer("t", 16, 8, 8, 3)
-    df = bench.chunk_sweep(layer, chunk_sizes=(16, 64, None), batch_size=2, repeats=2, threads=1)
-    assert list(df.index) == [16, 64, "whole batch"]
+    df = bench.chunk_sweep(layer, chunk_sizes=(16, 64, "auto", None), batch_size=2, repeats=2, threads=1)
+    assert list(df.index) == [16, 64, f"auto ({4 * 2**20 // (72 * 4)})", "whole batch"]
     # the whole-batch buffer is the full matrix: 2*16*16 rows x 72 columns x 4 bytes
     assert df.loc["whole batch", "im2col buffer (MiB)"] == round(2 * 256 * 72 * 4 / 2**20, 2)
     assert df.loc[16, "GEMMs"] == 32 and df.loc["whole batch", "GEMMs"] == 1
@@ -112,7 +112,7 @@ def test_cli_help_and_bad_arguments(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.cli_main(["--help"])
     assert exit_.value.code == 0 and "--json" in capsys.readouterr().out
-    for bad in (["--batch-size", "0"], ["--kernels", "5"], ["--kernels", "x"], ["--chunk-size", "-1"]):
+    for bad in (["--batch-size", "0"], ["--kernels", "5"], ["--kernels", "x"], ["--chunk-size", "-1"], ["--chunk-size", "x"]):
         with pytest.raises(SystemExit) as exit_:
             bench.cli_main(bad)
         assert exit_.value.code == 2

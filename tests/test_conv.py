@@ -75,7 +75,7 @@ def case_id(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-@pytest.mark.parametrize("chunk_size,threads", [(None, None), (1, 1), (7, 2), (conv.DEFAULT_CHUNK_SIZE, None)])
+@pytest.mark.parametrize("chunk_size,threads", [(None, None), (1, 1), (7, 2), ("auto", None), ("auto", 2)])
 def test_im2col_forward_matches_tf(case, chunk_size, threads):
     xs, ws, strides, padding, dilations = case
     x, w = rand(xs, 0), rand(ws, 1)
@@ -227,6 +227,24 @@ def test_chunk_size_bounds_peak_memory():
     assert peak_chunked < full_cols / 4
 
 
+def test_auto_chunk_size_is_about_4_mib_of_rows():
+    g = conv.geometry((8, 56, 56, 64), 3, 1, "SAME")  # K = 576 columns of float32
+    assert conv._check_chunk_size("auto", g, np.float32) == 4 * 2**20 // (576 * 4)
+    g = conv.geometry((8, 7, 7, 512), 3, 1, "SAME")  # K = 4608: never fewer than 256 rows
+    assert conv._check_chunk_size("auto", g, np.float32) == 256
+
+
+def test_small_problems_use_blas_threads_large_ones_worker_threads(monkeypatch):
+    monkeypatch.setattr(conv, "blas_threads", lambda: 2)
+    small = conv.geometry((2, 7, 7, 512), 3, 1, "SAME")  # 98 rows: one GEMM on BLAS's own threads
+    assert conv.plan(small, 256)[1] == 1
+    large = conv.geometry((8, 56, 56, 64), 3, 1, "SAME")
+    chunks, workers = conv.plan(large, 1820)
+    assert workers == 2 and len(chunks) % 2 == 0
+    assert conv.plan(large, None)[1] == 1  # chunk_size=None: exactly one GEMM
+    assert conv.plan(small, 20, threads=2)[1] == 2  # explicit threads are honoured
+
+
 def test_threads_do_not_change_the_result():
     x, w = rand((3, 12, 12, 8), 18), rand((3, 3, 8, 8), 19)
     one = conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=50, threads=1)
@@ -313,6 +331,8 @@ def test_other_bad_arguments_name_the_parameter():
             conv.conv2d_im2col(X, W, chunk_size=bad)
     with pytest.raises(TypeError, match="chunk_size"):
         conv.conv2d_im2col(X, W, chunk_size=2.5)
+    with pytest.raises(ValueError, match="chunk_size"):
+        conv.conv2d_im2col(X, W, chunk_size="big")
     with pytest.raises(ValueError, match="threads"):
         conv.conv2d_im2col(X, W, threads=0)
     with pytest.raises(ValueError, match="dy must have the output's shape"):
