@@ -13,7 +13,8 @@ Conventions (the papers'; every number is per image, i.e. batch size 1):
   where it has one, so tests can check them):
     count_bias         1 FLOP per output element of a layer with a bias (TF: BiasAdd)
     count_bn           normalisation: BatchNormalization 2 per element (inference: scale and shift),
-                       local response normalisation 2n+3 per element (n = window), LayerNormalization 7
+                       local response / cross-channel normalisation 2n+3 per element (n = window),
+                       LayerNormalization 7
     count_activations  1 per element (ReLU, sigmoid, tanh, ...), softmax 5 per element (TF: Softmax);
                        includes activations fused into Conv/Dense (activation="relu")
     count_pooling      window size per output element (TF: MaxPool/AvgPool); global pooling 1 per input
@@ -196,6 +197,12 @@ def _norm(per_element):
     return rule
 
 
+def _lrn_per_element(layer):
+    # a square and an add per channel in the window, then add bias, power and divide
+    window = getattr(layer, "window", None) or 2 * layer.depth_radius + 1
+    return 2 * window + 3
+
+
 def _activation(layer, ins, outs, opts):
     if not opts["count_activations"]:
         return "activation", 0, 0
@@ -235,7 +242,7 @@ _RULES = {
     "Conv1D": _conv, "Conv2D": _conv, "Conv3D": _conv,
     "Dense": _dense,
     "BatchNormalization": _norm(2), "LayerNormalization": _norm(7),
-    "LocalResponseNormalization": _norm(lambda layer: 2 * (2 * layer.depth_radius + 1) + 3),
+    "LocalResponseNormalization": _norm(_lrn_per_element), "CrossChannelNormalization": _norm(_lrn_per_element),
     "Activation": _activation, "ReLU": _activation, "LeakyReLU": _activation, "PReLU": _activation,
     "ELU": _activation, "Softmax": _activation, "ThresholdedReLU": _activation,
     "MaxPooling1D": _pool, "MaxPooling2D": _pool, "MaxPooling3D": _pool,
@@ -313,7 +320,12 @@ def count(model, *, count_bias=False, count_bn=False, count_activations=False, c
     """
     if not _is_model(model):
         raise TypeError(f"model must be a built tf.keras Model; got {type(model).__name__}")
+    import tensorflow as tf
+
     if not model.built or not model.inputs:
+        if not isinstance(model, tf.keras.Sequential) and not hasattr(model, "_network_nodes"):
+            raise ValueError(f"model {model.name!r} is a subclassed Keras model; count() needs a functional or "
+                             "Sequential model built from keras.Input(shape)")
         raise ValueError(f"model {model.name!r} is not built: build it from keras.Input(shape) first")
     opts = dict(count_bias=bool(count_bias), count_bn=bool(count_bn), count_activations=bool(count_activations),
                 count_pooling=bool(count_pooling), count_elementwise=bool(count_elementwise))
@@ -345,7 +357,10 @@ def count_named(name: str, input_size: int | None = None, **options) -> FlopsRep
     if input_size is not None and (not isinstance(input_size, int) or isinstance(input_size, bool)
                                    or input_size < 1):
         raise ValueError(f"input_size must be a positive int or None; got {input_size!r}")
-    key = (name, input_size, tuple(sorted(options.items())))
+    bad = sorted(set(options) - set(_OPTIONS))
+    if bad:
+        raise TypeError(f"count_named got unknown options {bad}; valid: {', '.join(_OPTIONS)}")
+    key = (name, input_size, tuple(bool(options.get(o, False)) for o in _OPTIONS))
     if key not in _NAMED_CACHE:
         shape = None if input_size is None else (input_size, input_size, 3)
         model = models.get(name, input_shape=shape)
@@ -356,10 +371,14 @@ def count_named(name: str, input_size: int | None = None, **options) -> FlopsRep
 
 
 # ---------------------------------------------------------------- TensorFlow's own count
+# the profiler's op types whose float_ops are 2 x the MACs of labkit's conv and dense rows
+TF_MAC_OPS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "MatMul", "BatchMatMulV2")
+
+
 def tf_profiler_flops(model) -> dict:
     """TensorFlow's profiler count of the model's frozen inference graph at batch 1: {op type: float_ops}.
 
-    The oracle for count(): its Conv2D + DepthwiseConv2dNative + MatMul entries are 2 x MACs; BiasAdd,
+    The oracle for count(): its TF_MAC_OPS entries (Conv2D, MatMul, ...) add up to 2 x MACs; BiasAdd,
     MaxPool/AvgPool/Mean, AddV2 and Softmax are the optional costs. The profiler has no rule for
     ReLU or fused batch norm. Use small input sizes: freezing embeds every weight in the graph.
     """

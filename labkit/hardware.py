@@ -1,0 +1,261 @@
+"""GPUs and interconnects the course talks about, and a roofline estimate of CNN time on them (03_flops).
+
+Device numbers are the vendor's datasheet peaks (boost clocks, dense math; sparsity figures halved):
+  K80   NVIDIA Tesla K80 datasheet (2014, BD-07317): 8.73 TFLOP/s FP32, 24 GB GDDR5, 480 GB/s per board
+        of two GK210 GPUs; frameworks see each GK210 as one GPU, so DEVICES["K80"] is half a board.
+  P100  NVIDIA Tesla P100 datasheet (2016), SXM2/NVLink: 10.6 TFLOP/s FP32, 21.2 FP16 (no tensor cores),
+        16 GB HBM2, 732 GB/s, NVLink 1 160 GB/s.
+  V100  NVIDIA Tesla V100 datasheet (2017), SXM2 16 GB: 15.7 TFLOP/s FP32, 125 tensor (FP16), 900 GB/s,
+        NVLink 2 300 GB/s (the GPU of DGX-1 and of the measurement we check against).
+  A100  NVIDIA A100 Tensor Core GPU datasheet (2020), SXM4 40 GB: 19.5 TFLOP/s FP32, 156 TF32 tensor,
+        312 FP16/BF16 tensor, 1,555 GB/s, NVLink 3 600 GB/s.
+  H100  NVIDIA H100 Tensor Core GPU datasheet (2022), SXM5 80 GB: 67 TFLOP/s FP32, 989 TF32 and 1,979
+        FP16 tensor "with sparsity" (494.7 and 989.4 dense), 3.35 TB/s, NVLink 4 900 GB/s.
+Interconnects, per direction (datasheets quote NVLink and PCIe both directions added):
+  PCIe 3/4/5 x16   8/16/32 GT/s per lane, 128b/130b coding (PCI-SIG base specifications 3.0, 4.0, 5.0)
+  NVLink 2/3/4     6/12/18 links x 25 GB/s (V100, A100, H100 datasheets: 300/600/900 GB/s total)
+  InfiniBand       EDR 100, HDR 200, NDR 400 Gb/s per 4x port (NVIDIA ConnectX-5/-6/-7 adapter datasheets)
+
+The roofline (Williams, Waterman & Patterson 2009): a layer takes max(FLOPs / peak, bytes / bandwidth),
+where bytes = its input + output activations for the batch + its weights, each read or written once.
+Training ~ 3 x forward (backward computes gradients for inputs and weights, each ~ one forward), plus an
+SGD-momentum update that reads weights, gradients, momentum and writes weights and momentum. It is an
+upper bound on speed: real kernels reach part of the peak, and the check against NVIDIA's measured
+ResNet-50 throughput (PUBLISHED) shows how much.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+PRECISIONS = ("fp32", "tf32", "fp16")
+_VIEWS = ("InputLayer", "Flatten", "Reshape", "Dropout")  # no data moves at inference
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU as frameworks see it; peaks in TFLOP/s, memory in GB (1e9 bytes), bandwidth in GB/s."""
+
+    name: str
+    model: str
+    year: int
+    fp32_tflops: float
+    tf32_tflops: float | None  # tensor-core TF32, dense (A100 on)
+    fp16_tflops: float | None  # tensor-core FP16 dense where there are tensor cores; P100: plain FP16
+    tensor_cores: bool
+    memory_gb: float
+    bandwidth_gbs: float
+    interconnect: str
+    source: str
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    def peak_flops(self, precision: str = "fp32") -> float:
+        """Peak FLOP/s for fp32, tf32 (falls back to fp32 where there is no TF32) or fp16."""
+        _check_precision(precision)
+        tflops = {"fp32": self.fp32_tflops, "tf32": self.tf32_tflops or self.fp32_tflops,
+                  "fp16": self.fp16_tflops or self.fp32_tflops}[precision]
+        return tflops * 1e12
+
+    def ridge_point(self, precision: str = "fp32") -> float:
+        """Arithmetic intensity (FLOP/byte) above which a kernel can be compute-bound."""
+        return self.peak_flops(precision) / (self.bandwidth_gbs * 1e9)
+
+
+@dataclass(frozen=True)
+class Link:
+    """An interconnect; bandwidth per direction in GB/s."""
+
+    name: str
+    gbytes_per_s: float
+    source: str
+
+    def seconds(self, nbytes: float) -> float:
+        """Time to move nbytes one way at the link's peak bandwidth (latency left out)."""
+        return nbytes / (self.gbytes_per_s * 1e9)
+
+
+DEVICES = {d.name: d for d in (
+    Device("K80", "Tesla K80 (one GK210 of the board)", 2014, 8.73 / 2, None, None, False, 24 / 2, 480 / 2,
+           "PCIe 3.0", "NVIDIA Tesla K80 datasheet (2014): board 8.73 TFLOP/s FP32 boost, 24 GB, 480 GB/s"),
+    Device("P100", "Tesla P100 SXM2 16 GB", 2016, 10.6, None, 21.2, False, 16, 732,
+           "NVLink 1", "NVIDIA Tesla P100 datasheet (2016), NVLink version"),
+    Device("V100", "Tesla V100 SXM2 16 GB", 2017, 15.7, None, 125, True, 16, 900,
+           "NVLink 2", "NVIDIA Tesla V100 datasheet (2017), SXM2 version"),
+    Device("A100", "A100 SXM4 40 GB", 2020, 19.5, 156, 312, True, 40, 1555,
+           "NVLink 3", "NVIDIA A100 Tensor Core GPU datasheet (2020), SXM4 40 GB"),
+    Device("H100", "H100 SXM5 80 GB", 2022, 67, 989 / 2, 1979 / 2, True, 80, 3350,
+           "NVLink 4", "NVIDIA H100 Tensor Core GPU datasheet (2022), SXM5; tensor peaks halved from sparsity"),
+)}
+
+INTERCONNECTS = {link.name: link for link in (
+    Link("PCIe 3.0 x16", 8 * 16 * 128 / 130 / 8, "PCI-SIG PCI Express Base Specification 3.0 (8 GT/s per lane)"),
+    Link("PCIe 4.0 x16", 16 * 16 * 128 / 130 / 8, "PCI-SIG PCI Express Base Specification 4.0 (16 GT/s)"),
+    Link("PCIe 5.0 x16", 32 * 16 * 128 / 130 / 8, "PCI-SIG PCI Express Base Specification 5.0 (32 GT/s)"),
+    Link("NVLink 2", 300 / 2, "NVIDIA Tesla V100 datasheet: NVLink 300 GB/s (6 links, both directions)"),
+    Link("NVLink 3", 600 / 2, "NVIDIA A100 datasheet: NVLink 600 GB/s (12 links, both directions)"),
+    Link("NVLink 4", 900 / 2, "NVIDIA H100 datasheet: NVLink 900 GB/s (18 links, both directions)"),
+    Link("InfiniBand EDR", 100 / 8, "NVIDIA ConnectX-5 datasheet: EDR 100 Gb/s per port"),
+    Link("InfiniBand HDR", 200 / 8, "NVIDIA ConnectX-6 datasheet: HDR 200 Gb/s per port"),
+    Link("InfiniBand NDR", 400 / 8, "NVIDIA ConnectX-7 datasheet: NDR 400 Gb/s per port"),
+)}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A published, measured training throughput to hold the roofline estimate against."""
+
+    model: str  # a labkit.models name
+    device: str
+    precision: str
+    batch_size: int
+    images_per_s: float
+    source: str
+
+
+PUBLISHED = (
+    Measurement("resnet50_v1.5", "V100", "fp32", 128, 412,
+                "NVIDIA DeepLearningExamples, TensorFlow ResNet-50 v1.5 README, training performance, "
+                "1x V100 16GB (DGX-1), FP32 + XLA, TF 20.06-tf1 container"),
+    Measurement("resnet50_v1.5", "A100", "tf32", 256, 909,
+                "NVIDIA DeepLearningExamples, TensorFlow ResNet-50 v1.5 README, training performance, "
+                "1x A100 40GB (DGX A100), TF32 + XLA, TF 20.06-tf1 container"),
+)
+
+
+def _check_precision(precision):
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+
+
+def get_device(name) -> Device:
+    """A Device by name (K80, P100, V100, A100, H100; case-insensitive) or a Device itself."""
+    if isinstance(name, Device):
+        return name
+    for key, device in DEVICES.items():
+        if isinstance(name, str) and key.lower() == name.strip().lower():
+            return device
+    raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {name!r}")
+
+
+def device_table():
+    """DataFrame of the devices: peaks (TFLOP/s), memory (GB), bandwidth (GB/s), ridge point, source."""
+    import pandas as pd
+
+    rows = [{"device": d.name, "model": d.model, "year": d.year, "FP32 TFLOP/s": d.fp32_tflops,
+             "TF32 tensor TFLOP/s": d.tf32_tflops, "FP16 TFLOP/s": d.fp16_tflops, "tensor cores": d.tensor_cores,
+             "memory GB": d.memory_gb, "bandwidth GB/s": d.bandwidth_gbs,
+             "FP32 ridge FLOP/byte": round(d.ridge_point("fp32"), 1), "interconnect": d.interconnect,
+             "source": d.source} for d in DEVICES.values()]
+    return pd.DataFrame(rows).set_index("device")
+
+
+def interconnect_table():
+    """DataFrame of the interconnects: GB/s per direction and the time to move 100 MB of gradients."""
+    import pandas as pd
+
+    return pd.DataFrame([{"link": link.name, "GB/s per direction": round(link.gbytes_per_s, 2),
+                          "ms per 100 MB": round(1e3 * link.seconds(100e6), 2), "source": link.source}
+                         for link in INTERCONNECTS.values()]).set_index("link")
+
+
+def _check_batch(batch_size):
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+
+
+def layer_roofline(report, device, batch_size: int = 1, precision: str = "fp32"):
+    """Per-layer forward roofline at a batch size: FLOPs, bytes, arithmetic intensity, time and the bound.
+
+    report: a labkit.flops report (count it with every count_* option on to include elementwise FLOPs;
+    the bytes of those layers are included either way).
+    """
+    import pandas as pd
+
+    device = get_device(device)
+    _check_precision(precision)
+    _check_batch(batch_size)
+    bpv = 2 if precision == "fp16" else 4
+    peak, bandwidth = device.peak_flops(precision), device.bandwidth_gbs * 1e9
+    rows = []
+    for r in report.rows:
+        moved = 0 if r.type in _VIEWS else batch_size * (r.inputs + r.activations) + r.params
+        nbytes, nflops = bpv * moved, batch_size * r.flops
+        t_compute, t_memory = nflops / peak, nbytes / bandwidth
+        rows.append({"name": r.name, "kind": r.kind, "flops": nflops, "bytes": nbytes,
+                     "intensity": nflops / nbytes if nbytes else math.inf,
+                     "attainable_tflops": min(peak, (nflops / nbytes if nbytes else math.inf) * bandwidth) / 1e12,
+                     "time_s": max(t_compute, t_memory),
+                     "bound": "compute" if t_compute >= t_memory else "memory"})
+    return pd.DataFrame(rows)
+
+
+def estimate(report, device, batch_size: int = 32, precision: str = "fp32", optimizer_slots: int = 1) -> dict:
+    """Roofline time of a forward pass and of a training step (3 x forward + SGD-momentum update).
+
+    Returns seconds per batch and per image, training images/s, the share of forward time in
+    compute-bound layers, and whether the batch fits the device memory (labkit.flops.max_batch_size).
+    """
+    from labkit import flops as _flops
+
+    device = get_device(device)
+    table = layer_roofline(report, device, batch_size, precision)
+    forward = float(table["time_s"].sum())
+    bpv = 2 if precision == "fp16" else 4
+    # the update reads weight, gradient and optimizer slots, writes weight and slots
+    update_bytes = bpv * report.trainable_params * (2 + 2 * optimizer_slots + 1)
+    step = 3 * forward + update_bytes / (device.bandwidth_gbs * 1e9)
+    max_batch = _flops.max_batch_size(report, device.memory_bytes, optimizer_slots=optimizer_slots)
+    return {
+        "device": device.name, "precision": precision, "batch_size": batch_size,
+        "forward_s": forward, "training_step_s": step,
+        "forward_ms_per_image": 1e3 * forward / batch_size,
+        "training_ms_per_image": 1e3 * step / batch_size,
+        "training_images_per_s": batch_size / step,
+        "compute_bound_share": float(table.loc[table["bound"] == "compute", "time_s"].sum() / forward)
+        if forward else 0.0,
+        "max_batch_size": max_batch, "fits": batch_size <= max_batch,
+    }
+
+
+def compare_published(report_for) -> list:
+    """Roofline estimate vs each PUBLISHED measurement; report_for(model_name) gives the report."""
+    out = []
+    for m in PUBLISHED:
+        est = estimate(report_for(m.model), m.device, m.batch_size, m.precision)
+        out.append({"model": m.model, "device": m.device, "precision": m.precision, "batch_size": m.batch_size,
+                    "measured_images_per_s": m.images_per_s,
+                    "roofline_images_per_s": round(est["training_images_per_s"], 1),
+                    "measured_over_roofline": round(m.images_per_s / est["training_images_per_s"], 2),
+                    "source": m.source})
+    return out
+
+
+def roofline_plot(report, device, batch_size: int = 32, precision: str = "fp32", ax=None):
+    """Log-log roofline of one device with every layer of report as a point (size ~ its time)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    device = get_device(device)
+    table = layer_roofline(report, device, batch_size, precision)
+    table = table[(table["bytes"] > 0) & (table["flops"] > 0)]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.5))
+    peak, bandwidth = device.peak_flops(precision) / 1e12, device.bandwidth_gbs * 1e9 / 1e12
+    x = np.logspace(-1, 4, 200)
+    ax.plot(x, np.minimum(peak, x * bandwidth), "k-", lw=1.5, label=f"{device.name} {precision} roof")
+    colors = {"conv": "tab:blue", "dense": "tab:orange", "norm": "tab:green", "activation": "tab:red",
+              "pool": "tab:purple", "elementwise": "tab:brown", "free": "tab:gray"}
+    share = table["time_s"] / table["time_s"].sum()
+    for kind, group in table.groupby("kind"):
+        ax.scatter(group["intensity"], group["attainable_tflops"], s=10 + 400 * share[group.index],
+                   alpha=0.6, color=colors.get(kind, "k"), label=kind)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.set_title(f"{report.model}, batch {batch_size}, on {device.name} (point size ~ share of time)")
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
