@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 BYTES_PER_VALUE = 4  # float32, as the MATLAB paper's memory footprint
 _OPTIONS = ("count_bias", "count_bn", "count_activations", "count_pooling", "count_elementwise")
+ALL_COSTS = {option: True for option in _OPTIONS}  # count(model, **ALL_COSTS): every rule on
 
 
 class UnknownLayerWarning(UserWarning):

@@ -259,3 +259,48 @@ def roofline_plot(report, device, batch_size: int = 32, precision: str = "fp32",
     ax.set_title(f"{report.model}, batch {batch_size}, on {device.name} (point size ~ share of time)")
     ax.legend(fontsize=8, loc="lower right")
     return ax
+
+
+# ---------------------------------------------------------------- the 03_flops explorer
+INPUT_SIZES = (96, 128, 160, 192, 224, 227, 256, 299, 320, 384)
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def step_time(model_name: str, input_size: int | None, device, batch_size: int, precision: str = "fp32") -> str:
+    """One line: roofline time of a training step of a named model on a device, and whether it fits."""
+    from labkit import flops as _flops
+
+    report = _flops.count_named(model_name, input_size, **_flops.ALL_COSTS)
+    est = estimate(report, device, batch_size, precision)
+    size = report.input_shape[0]
+    fits = "fits" if est["fits"] else "does NOT fit"
+    return (f"{model_name} at {size}x{size}, batch {batch_size}, {est['device']} {precision}: "
+            f"{1e3 * est['training_step_s']:.1f} ms per training step = {est['training_images_per_s']:,.0f} "
+            f"images/s (forward {est['forward_ms_per_image']:.3f} ms per image); "
+            f"{fits} in {get_device(device).memory_gb:g} GB (largest batch {est['max_batch_size']})")
+
+
+def step_time_explorer(model_name: str = "resnet50_v1.5", input_size: int = 224, device: str = "V100",
+                       batch_size: int = 64, precision: str = "fp32"):
+    """ipywidgets: model x input size x GPU x batch x precision -> estimated time per training step."""
+    import ipywidgets as widgets
+
+    from labkit.models.imagenet import MODELS
+
+    controls = {
+        "model_name": widgets.Dropdown(options=list(MODELS), value=model_name, description="model"),
+        "input_size": widgets.Dropdown(options=INPUT_SIZES, value=input_size, description="input"),
+        "device": widgets.Dropdown(options=list(DEVICES), value=get_device(device).name, description="GPU"),
+        "batch_size": widgets.SelectionSlider(options=BATCH_SIZES, value=batch_size, description="batch"),
+        "precision": widgets.ToggleButtons(options=PRECISIONS, value=precision, description="precision"),
+    }
+    out = widgets.Output()
+
+    def show(**kwargs):
+        with out:
+            out.clear_output(wait=True)
+            print(step_time(**kwargs))
+
+    widgets.interactive_output(show, controls)
+    return widgets.VBox([widgets.HBox([controls["model_name"], controls["input_size"], controls["device"]]),
+                         widgets.HBox([controls["batch_size"], controls["precision"]]), out])
