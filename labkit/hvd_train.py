@@ -213,48 +213,36 @@ def _setup(args):
     return tf, hvd, threads, len(gpus)
 
 
-def _load_data(args, rank, size):
-    """This rank's shard of the training data, as float32 NHWC + int labels, and the data set's name."""
+def _load_data(tf, args, rank, size):
+    """This rank's endless batched pipeline over its 1/size shard, the data set's name and sizes.
+
+    Real data (--data auto|cifar10) goes through labkit.data.load_dataset + make_dataset(shard=...)
+    (issue 5's pipeline, normalised); --data synthetic uses in-memory float tensors sharded here.
+    """
     import numpy as np
-    if args.data == "synthetic":
-        x, y = synthetic_data(args.num_examples, args.image_size, args.classes, seed=args.seed)
-        name = "synthetic"
-    else:
+    if args.data != "synthetic":
         from labkit import data
-        if args.data == "cifar10":
-            (x, y), _ = data.load_cifar10()
-            name = "cifar10"
-        elif hasattr(data, "load_dataset"):
-            (x, y), _, info = data.load_dataset()
-            name = info.get("name", "dataset") if isinstance(info, dict) else str(getattr(info, "name", info))
-        else:
-            x, y = synthetic_data(args.num_examples, args.image_size, args.classes, seed=args.seed)
-            name = "synthetic (labkit.data.load_dataset not available)"
-        x = np.asarray(x)
-        x = (x.astype("float32") / 255.0) if x.dtype == np.uint8 else x.astype("float32")
-        y = np.asarray(y).reshape(-1).astype("int32")
+        if hasattr(data, "load_dataset") and hasattr(data, "make_dataset"):
+            (x, y), _, info = data.load_dataset(None if args.data == "auto" else args.data)
+            mine = len(shard_indices(len(x), rank, size))
+            if mine < args.batch_size:
+                raise ValueError(f"this rank's shard has {mine} examples, fewer than batch_size={args.batch_size}")
+            ds = data.make_dataset(x, y, args.batch_size, shuffle=True, seed=args.seed, shard=(rank, size),
+                                   drop_remainder=True).repeat()
+            return ds, str(getattr(info, "name", info)), len(x), mine, x.shape[1:]
+        print("labkit.data.load_dataset/make_dataset not available: using synthetic data", file=sys.stderr)
+    x, y = synthetic_data(args.num_examples, args.image_size, args.classes, seed=args.seed)
     idx = shard_indices(len(x), rank, size)
-    return x[idx], y[idx], name, len(x)
-
-
-def _dataset(tf, x, y, batch_size, seed):
-    """An endless, shuffled, batched pipeline over this rank's shard (the shard is already taken)."""
-    if len(x) < batch_size:
-        raise ValueError(f"this rank's shard has {len(x)} examples, fewer than batch_size={batch_size}; "
-                         f"raise --num-examples or lower --batch-size")
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(min(len(x), 10_000), seed=seed)
-    ds = ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
-    return ds
+    x, y = x[idx], y[idx]
+    return _dataset(tf, x, y, args.batch_size, args.seed + rank), "synthetic", args.num_examples, len(x), x.shape[1:]
 
 
 def train(args) -> dict:
     tf, hvd, threads, n_gpus = _setup(args)
     rank, size = hvd.rank(), hvd.size()
-    x, y, data_name, n_total = _load_data(args, rank, size)
+    ds, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
     tf.random.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
-
-    model = build_model(args.model, (args.image_size, args.image_size, 3) if args.data == "synthetic"
-                        else x.shape[1:], args.classes)
+    model = build_model(args.model, tuple(shape), args.classes)
     scale = float(size) if args.scale_lr else 1.0
     lr_fn = lambda step: scaled_lr(step, args.lr, scale, args.lr_warmup_steps)  # noqa: E731
 
@@ -293,7 +281,7 @@ def train(args) -> dict:
     hvd.broadcast_variables(model.variables, root_rank=0)
     hvd.broadcast_variables(opt.variables(), root_rank=0)
 
-    it = iter(_dataset(tf, x, y, args.batch_size, args.seed + rank))
+    it = iter(ds)
     total_steps = args.warmup_steps + args.steps * args.repeats
     report_every = args.progress_every or args.steps
     log_f = None
@@ -332,7 +320,7 @@ def train(args) -> dict:
         "rank": rank, "size": size, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
         "host": os.uname().nodename, "pid": os.getpid(), "threads": threads, "gpus_visible": n_gpus,
         "model": args.model, "params": int(model.count_params()), "data": data_name,
-        "examples_total": int(n_total), "examples_this_rank": int(len(x)),
+        "examples_total": int(n_total), "examples_this_rank": int(n_mine),
         "batch_size": args.batch_size, "global_batch_size": args.batch_size * size,
         "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
         "lr": args.lr, "lr_final": float(lr_fn(total_steps)), "scale_lr": args.scale_lr,

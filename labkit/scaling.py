@@ -560,6 +560,7 @@ GPU_SPECS = {"K80": 4.4, "P100": 10.6, "V100": 15.7, "A100": 19.5, "H100": 67.0}
 NETWORKS = {
     "10GbE (TCP)": AllreduceModel(alpha=30e-6, beta=1 / 1.1e9, name="10GbE (TCP)"),
     "25GbE (RoCE)": AllreduceModel(alpha=8e-6, beta=1 / 2.9e9, name="25GbE (RoCE)"),
+    "50GbE (RoCE)": AllreduceModel(alpha=8e-6, beta=1 / 5.8e9, name="50GbE (RoCE)"),
     "100Gb InfiniBand EDR": AllreduceModel(alpha=3e-6, beta=1 / 11.5e9, name="100Gb InfiniBand EDR"),
     "PCIe 3 x16 (in node)": AllreduceModel(alpha=5e-6, beta=1 / 10e9, name="PCIe 3 x16 (in node)"),
     "NVLink V100 (in node)": AllreduceModel(alpha=5e-6, beta=1 / 130e9, name="NVLink V100 (in node)"),
@@ -570,16 +571,9 @@ GPUS_PER_NODE = 8
 def gpu_peak_tflops(gpu: str) -> float:
     """FP32 peak of a GPU: labkit.hardware's table when present, else GPU_SPECS."""
     try:
-        from labkit import hardware  # issue 4's table; its shape may differ, so read it defensively
-        for getter in ("get", "device", "gpu"):
-            fn = getattr(hardware, getter, None)
-            if callable(fn):
-                d = fn(gpu)
-                for key in ("fp32_tflops", "fp32", "peak_fp32_tflops"):
-                    v = d.get(key) if isinstance(d, dict) else getattr(d, key, None)
-                    if v:
-                        return float(v)
-    except Exception:  # noqa: BLE001 - absent or a different API: fall back to our own numbers
+        from labkit import hardware  # issue 4's device table (datasheet peaks)
+        return float(hardware.get_device(gpu).fp32_tflops)
+    except Exception:  # noqa: BLE001 - absent, or a name it does not know: fall back to our own numbers
         pass
     if gpu not in GPU_SPECS:
         raise ValueError(f"gpu must be one of {', '.join(GPU_SPECS)}; got {gpu!r}")
@@ -645,6 +639,21 @@ PUBLISHED = [
     {"source": "seed 001 (MATLAB, p2.8xlarge)", "model": "alexnet", "gpus": 8, "efficiency": 1.7 ** 3 / 8,
      "setup": "8 K80 GPUs in one machine, ~70% more images/s per doubling"},
 ]
+
+
+# Seed 003 (Chameleon slides), "Impact of batch size": images/s (+- spread) on one GPU, typed in.
+CHAMELEON_BATCH = {
+    "batch_size": [1, 2, 4, 8, 16, 32],
+    "AlexNet": [1067.86, 1442.78, 1861.16, 2168.15, 2296.58, 1960.96],
+    "Inception V3": [19.06, 34.19, 56.37, 81.78, 108.00, 125.26],
+    "ResNet-152": [10.15, 18.92, 33.11, 48.74, 65.57, 77.46],
+}
+
+
+def chameleon_batch_table():
+    """Seed 003's images/s vs batch size table (one GPU) as a DataFrame indexed by batch size."""
+    import pandas as pd
+    return pd.DataFrame(CHAMELEON_BATCH).set_index("batch_size")
 
 
 def published():
@@ -756,10 +765,9 @@ def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1,
         name = "synthetic"
     else:
         from labkit import data as lkdata
-        (x, y), _, info = lkdata.load_dataset()
-        x, y = x[:num_examples], np.asarray(y).reshape(-1)[:num_examples].astype("int32")
-        x = x.astype("float32") / 255.0 if x.dtype == np.uint8 else x.astype("float32")
-        name = info.get("name", "dataset") if isinstance(info, dict) else str(info)
+        (x, y), _, info = lkdata.load_dataset(None if data == "auto" else data, n_train=num_examples)
+        x, y = lkdata.normalize(x), np.asarray(y).reshape(-1).astype("int32")
+        name = str(getattr(info, "name", info))
     configs = [
         (f"b={batch_size}, lr={lr:g}", batch_size, 1.0, 0),
         (f"b={k * batch_size}, lr={lr:g} (no scaling)", k * batch_size, 1.0, 0),
