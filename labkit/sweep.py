@@ -476,6 +476,57 @@ def measure_speedup(configs, train_fn, workers=(1, 2), out_dir=None, threads_per
     return df
 
 
+# ----------------------------------------------------------------------------- tables and the pick
+def config_table(configs=None):
+    """The networks before training: params (Keras and the paper's formula), memory, MACs per image.
+
+    MACs come from labkit.flops (conv and dense multiply-adds); the embedded processor pays them per frame.
+    """
+    import warnings
+
+    import pandas as pd
+
+    from labkit import flops
+    from labkit.models.cifar import seed000_net
+
+    rows = []
+    for cfg in configs or seed000_configs():
+        model = seed000_net(**cfg)
+        with warnings.catch_warnings():  # the normalisation layer has no MAC rule; it has no MACs either
+            warnings.simplefilter("ignore")
+            macs = flops.count(model).macs
+        params = count_params(model)
+        rows.append({"name": config_name(cfg), **cfg, "params": params, "params_paper": matlab_param_count(cfg),
+                     "memory_kb": BYTES_PER_PARAM * params / 1e3, "mmacs": macs / 1e6})
+    return pd.DataFrame(rows)
+
+
+def with_pareto(df):
+    """Successful rows sorted by memory, with a boolean `pareto` column (on the front or not)."""
+    ok = df[df.status == "ok"].sort_values(["memory_bytes", "name"]).reset_index(drop=True)
+    front = set(pareto_front(zip(ok.memory_bytes, ok.accuracy)))
+    ok["pareto"] = [i in front for i in range(len(ok))]
+    return ok
+
+
+def recommend(df, max_accuracy_drop: float = 0.02, memory_budget_bytes: int | None = None):
+    """The network to ship: the smallest on the Pareto front within max_accuracy_drop of the best.
+
+    memory_budget_bytes, if given, first removes networks that do not fit. Returns the chosen row.
+    """
+    if not 0 <= max_accuracy_drop <= 1:
+        raise ValueError(f"max_accuracy_drop must be in [0, 1] (a fraction, 0.02 = 2 points); got {max_accuracy_drop!r}")
+    front = with_pareto(df)
+    front = front[front.pareto]
+    if memory_budget_bytes is not None:
+        front = front[front.memory_bytes <= memory_budget_bytes]
+        if front.empty:
+            raise ValueError(f"no network fits memory_budget_bytes={memory_budget_bytes}; the smallest needs "
+                             f"{int(with_pareto(df).memory_bytes.min())} bytes")
+    good = front[front.accuracy >= front.accuracy.max() - max_accuracy_drop]
+    return good.sort_values("memory_bytes").iloc[0]
+
+
 # ----------------------------------------------------------------------------- plots
 def plot_pareto(df, ax=None, label_points=True):
     """Accuracy vs memory footprint (KB), the Pareto front drawn as a staircase (05_network_sweep)."""
@@ -525,8 +576,8 @@ _DATA_CACHE = {}
 class Seed000Trainer:
     """Trains one seed 000 network and returns its test accuracy (picklable, for worker processes).
 
-    Data: labkit.data.load_dataset() (CIFAR-10 when present, else the offline synthetic set), the first
-    train_size / test_size images of each split (None = all). SGD with momentum 0.9 and L2, as seed 000.
+    Data: labkit.data.load_dataset() (CIFAR-10 when present, else the offline synthetic set) with train_size /
+    test_size images. Training: labkit.training.compile_sgdm, seed 000's SGDM + piecewise LR + L2.
     """
 
     epochs: int = 1
@@ -539,48 +590,41 @@ class Seed000Trainer:
 
     @classmethod
     def for_profile(cls, name=None, **overrides):
-        """Settings scaled to the profile: quick (seconds), workshop (a minute), full (seed 000's 40 epochs)."""
-        settings = config.by_profile(
-            quick=dict(epochs=1, train_size=1000, test_size=500),
-            workshop=dict(epochs=3, train_size=5000, test_size=2000),
-            full=dict(epochs=40, train_size=None, test_size=None, lr=0.001),
-            name=name)
+        """Settings scaled to the profile: quick (seconds per network), workshop (~20 s), full (seed 000's)."""
+        from labkit import training
+
+        opts = training.seed000_options(name)
+        settings = dict(lr=opts["lr"], l2=opts["l2"], batch_size=opts["batch_size"])
+        settings.update(config.by_profile(
+            quick=dict(epochs=1, train_size=1000, test_size=500, batch_size=25),
+            workshop=dict(epochs=3, train_size=2000, test_size=1000, batch_size=50),
+            full=dict(epochs=opts["epochs"], train_size=opts["n_train"], test_size=opts["n_test"]),
+            name=name))
         settings.update(overrides)
         return cls(**settings)
 
     def prepare(self):
-        """Load (and cache in this process) the data subsets."""
+        """Load, normalise and cache (in this process) the data."""
         key = (self.train_size, self.test_size)
         if key not in _DATA_CACHE:
-            import numpy as np
-
             from labkit import data
 
-            (x_train, y_train), (x_test, y_test), info = data.load_dataset()
-            n_tr = len(x_train) if self.train_size is None else min(self.train_size, len(x_train))
-            n_te = len(x_test) if self.test_size is None else min(self.test_size, len(x_test))
-            prep = (lambda x: np.asarray(x, dtype="float32") / 255.0) if np.asarray(x_train[:1]).dtype == np.uint8 \
-                else (lambda x: np.asarray(x, dtype="float32"))
-            _DATA_CACHE[key] = (prep(x_train[:n_tr]), np.asarray(y_train[:n_tr]).reshape(-1),
-                                prep(x_test[:n_te]), np.asarray(y_test[:n_te]).reshape(-1), _dataset_name(info))
+            (x_train, y_train), (x_test, y_test), info = data.load_dataset(n_train=self.train_size,
+                                                                            n_test=self.test_size)
+            _DATA_CACHE[key] = (data.normalize(x_train), y_train, data.normalize(x_test), y_test, info.name)
         return _DATA_CACHE[key]
 
     def __call__(self, cfg: dict) -> dict:
-        import tensorflow as tf
-
+        from labkit import training
         from labkit.models.cifar import memory_footprint, seed000_net
 
         x_train, y_train, x_test, y_test, dataset = self.prepare()
         config.set_seed(self.seed)
-        classes = int(max(y_train.max(), y_test.max())) + 1
-        model = seed000_net(**cfg, input_shape=tuple(x_train.shape[1:]), classes=classes)
-        reg = tf.keras.regularizers.L2(self.l2 / 2)  # MATLAB's L2 term is (l2 / 2) * ||w||^2
-        for layer in model.layers:
-            if hasattr(layer, "kernel_regularizer"):
-                layer.kernel_regularizer = reg
-                layer.add_loss(lambda layer=layer: reg(layer.kernel))
-        model.compile(optimizer=tf.keras.optimizers.SGD(self.lr, momentum=0.9),
-                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model = seed000_net(**cfg, input_shape=tuple(x_train.shape[1:]), classes=int(y_train.max()) + 1)
+        steps = -(-len(x_train) // self.batch_size)
+        # seed 000 drops the LR x0.1 at 3/4 of its epochs (30 of 40)
+        training.compile_sgdm(model, lr=self.lr, momentum=0.9, l2=self.l2, steps_per_epoch=steps,
+                              drop_period=max(1, (3 * self.epochs) // 4))
         start = time.perf_counter()
         model.fit(x_train, y_train, batch_size=self.batch_size, epochs=self.epochs, verbose=0, shuffle=True)
         train_time = time.perf_counter() - start
@@ -589,12 +633,6 @@ class Seed000Trainer:
                 "memory_bytes_keras": memory_footprint(model), "train_time_s": train_time,
                 "dataset": dataset, "epochs": self.epochs, "train_images": int(len(x_train)),
                 "test_images": int(len(x_test))}
-
-
-def _dataset_name(info) -> str:
-    if isinstance(info, dict):
-        return str(info.get("name", info))
-    return str(getattr(info, "name", info))
 
 
 # ----------------------------------------------------------------------------- CLI
