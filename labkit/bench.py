@@ -183,7 +183,7 @@ class LayerResult:
     gflops: dict  # method -> GFLOP/s (naive: at its reduced size, per FLOP)
     median_ms: dict
     spread_ms: dict
-    naive_shape: tuple = ()
+    naive_shape: tuple = ()  # (1, H, W, C_in, C_out) the naive loops ran on
 
     @property
     def ratios(self) -> dict:
@@ -259,10 +259,14 @@ class BenchResult:
         lines += [head, f"{'':<20} {'':>18} {'---------- GFLOP/s ----------':>42}", "-" * len(head)]
         for r in self.layers:
             g, q = r.gflops, r.ratios
-            naive = f"{g['naive']:7.3f}" if g.get("naive") else f"{'-':>7}"
+            naive = f"{g['naive']:7.4f}" if g.get("naive") else f"{'-':>7}"
             lines.append(f"{r.layer:<20} {' x '.join(map(str, r.gemm_mkn)):>18} {g['im2col']:8.1f} {g['tf']:8.1f} "
                          f"{g['gemm']:8.1f} {naive}   {q['im2col_vs_tf']:8.2f}x {q['im2col_vs_gemm']:10.2f}x "
                          + (f"{q['im2col_vs_naive']:11.0f}x" if "im2col_vs_naive" in q else f"{'-':>12}"))
+        if any(r.naive_shape for r in self.layers):
+            shape = next(r.naive_shape for r in self.layers if r.naive_shape)
+            lines.append(f"naive: on one {shape[1]}x{shape[2]} image with {shape[4]} filters (its GFLOP/s do not "
+                         f"depend on the size), compared per FLOP")
         lines.append("")
         for kind, s in self.summary().items():
             lines.append(f"{kind} layers (geometric mean): " + ", ".join(f"{k.replace('_vs_', '/')} {v:.2f}x" for k, v in s.items()))
@@ -285,7 +289,8 @@ class BenchResult:
                    width, label={"tf": "tf.nn.conv2d", "gemm": "bare GEMM", "naive": "naive (loops)"}.get(m, m))
         ax.axhline(self.machine_gemm_gflops, color="k", ls="--", lw=1, label="machine GEMM (2048^3)")
         ax.set_xticks(xs, [r.layer.replace(" ", "\n", 1) for r in self.layers], fontsize=8)
-        ax.set_ylabel("GFLOP/s")
+        ax.set_yscale("log")  # the loops are thousands of times slower: a log scale shows every bar
+        ax.set_ylabel("GFLOP/s (log scale)")
         ax.set_title(f"ResNet-50 conv layers, batch {self.batch_size}, float32 ({self.profile} profile)")
         ax.legend(fontsize=8, ncol=len(methods) + 1)
         return ax
@@ -296,15 +301,17 @@ def default_settings(profile: str | None = None) -> dict:
     return dict(
         batch_size=config.by_profile(quick=2, workshop=8, full=32, name=profile),
         repeats=config.by_profile(quick=5, workshop=9, full=15, name=profile),
-        naive_size=config.by_profile(quick=3, workshop=4, full=6, name=profile),
+        naive_size=config.by_profile(quick=2, workshop=3, full=4, name=profile),
+        naive_c_out=config.by_profile(quick=4, workshop=8, full=16, name=profile),
         gemm_size=config.by_profile(quick=1024, workshop=2048, full=4096, name=profile),
     )
 
 
 def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size=None,
                chunk_size="auto", naive=True, seed=0, progress=None) -> BenchResult:
-    """Time conv2d_im2col, tf.nn.conv2d, a bare GEMM of the same M x K x N, and (on a naive_size x
-    naive_size input) conv2d_naive, side by side on each layer; defaults come from the profile (02_im2col)."""
+    """Time conv2d_im2col, tf.nn.conv2d and a bare GEMM of the same M x K x N side by side on each layer,
+    and conv2d_naive on one naive_size x naive_size image with a few filters (its speed per FLOP does not
+    depend on the size); defaults come from the profile (02_im2col)."""
     import tensorflow as tf
 
     settings = default_settings()
@@ -338,13 +345,13 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
                           flops / 1e9, {name: t.gflops(flops) for name, t in timings.items()},
                           {name: t.median * 1e3 for name, t in timings.items()},
                           {name: t.spread * 1e3 for name, t in timings.items()})
-        if naive:
+        if naive:  # the loops run ~1e4 times slower: time them on one small image and a few filters
             small = min(naive_size, layer.size)
-            xs = x[:1, :small, :small]
-            t = timeit(lambda: conv.conv2d_naive(xs, w, 1, "SAME"), repeats=max(3, repeats // 3), min_time=0.0)
-            row.gflops["naive"] = t.gflops(conv.geometry(xs.shape, layer.kernel, 1, "SAME").flops(n))
+            xs, ws = x[:1, :small, :small], w[..., : settings["naive_c_out"]]
+            t = timeit(lambda: conv.conv2d_naive(xs, ws, 1, "SAME"), repeats=3, min_time=0.0)
+            row.gflops["naive"] = t.gflops(conv.geometry(xs.shape, layer.kernel, 1, "SAME").flops(ws.shape[3]))
             row.median_ms["naive"], row.spread_ms["naive"] = t.median * 1e3, t.spread * 1e3
-            row.naive_shape = xs.shape
+            row.naive_shape = xs.shape + (ws.shape[3],)
         result.layers.append(row)
         if progress:
             progress(row)

@@ -192,21 +192,26 @@ def _check_chunk_size(chunk_size, g: ConvGeometry, dtype):
 
 
 def conv2d_naive(x, w, strides=1, padding="VALID", dilations=1) -> np.ndarray:
-    """Convolution by loops over every output value: out[n, i, j, o] = sum(patch * w[..., o]) (02_im2col)."""
+    """The definition, one multiply-add at a time (02_im2col):
+
+    out[n, i, j, o] = sum over a, b, c of x_padded[n, i*sh + a*dh, j*sw + b*dw, c] * w[a, b, c, o]
+    """
     x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
     out_dtype = np.result_type(x.dtype, w.dtype)
     xp = np.pad(x.astype(dtype), ((0, 0), (g.pad_top, g.pad_bottom), (g.pad_left, g.pad_right), (0, 0)))
     w = w.astype(dtype)
     c_out = w.shape[3]
     out = np.zeros((g.n, g.h_out, g.w_out, c_out), dtype)
-    for n in range(g.n):  # every output value: image n, row i, column j, channel o
-        for i in range(g.h_out):
-            for j in range(g.w_out):
-                top, left = i * g.sh, j * g.sw
-                # the receptive field: kh x kw pixels, dilations apart, all input channels
-                patch = xp[n, top:top + (g.kh - 1) * g.dh + 1:g.dh, left:left + (g.kw - 1) * g.dw + 1:g.dw, :]
-                for o in range(c_out):
-                    out[n, i, j, o] = np.sum(patch * w[:, :, :, o])
+    for n in range(g.n):  # every image,
+        for i in range(g.h_out):  # output row,
+            for j in range(g.w_out):  # output column
+                for o in range(c_out):  # and filter:
+                    total = 0.0
+                    for a in range(g.kh):  # sum over the kernel's taps
+                        for b in range(g.kw):
+                            for c in range(g.c):  # and the input channels
+                                total += xp[n, i * g.sh + a * g.dh, j * g.sw + b * g.dw, c] * w[a, b, c, o]
+                    out[n, i, j, o] = total
     return out.astype(out_dtype, copy=False)
 
 

@@ -90,7 +90,7 @@ def test_conv_bench_on_small_layers():
     assert row.gemm_mkn == (2 * 8 * 8, 9 * 4, 6) and row.gflop == pytest.approx(2 * 128 * 36 * 6 / 1e9)
     assert set(row.gflops) == {"im2col", "tf", "gemm", "naive"}
     assert row.ratios["im2col_vs_tf"] == pytest.approx(row.gflops["im2col"] / row.gflops["tf"])
-    assert row.naive_shape == (1, 3, 3, 4)
+    assert row.naive_shape[:4] == (1, 3, 3, 4)
     d = json.loads(json.dumps(result.to_dict(), default=float))
     assert set(d["summary"]) == {"3x3", "1x1"} and set(d["targets"]) == set(bench.TARGETS)
     text = str(result)
