@@ -237,6 +237,15 @@ def _load_data(tf, args, rank, size):
     return _dataset(tf, x, y, args.batch_size, args.seed + rank), "synthetic", args.num_examples, len(x), x.shape[1:]
 
 
+def _dataset(tf, x, y, batch_size, seed):
+    """An endless, shuffled, batched pipeline over this rank's shard (the shard is already taken)."""
+    if len(x) < batch_size:
+        raise ValueError(f"this rank's shard has {len(x)} examples, fewer than batch_size={batch_size}; "
+                         f"raise --num-examples or lower --batch-size")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(min(len(x), 10_000), seed=seed)
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+
+
 def train(args) -> dict:
     tf, hvd, threads, n_gpus = _setup(args)
     rank, size = hvd.rank(), hvd.size()

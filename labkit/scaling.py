@@ -824,7 +824,8 @@ def cli_main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="timed repeats")
     p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps before timing")
     p.add_argument("--scaling", choices=["weak", "strong"], default="weak")
-    p.add_argument("--threads", type=int, default=1, help="threads per worker (0: cores / workers)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op threads per worker (default 0: the node's cores / workers on it)")
     p.add_argument("--data", choices=["synthetic", "auto", "cifar10"], default="synthetic")
     p.add_argument("--launcher", choices=["auto", "gloo", "mpi", "srun"], default="auto")
     p.add_argument("--timeout", type=float, default=600, help="seconds per launch before everything is killed")
