@@ -61,6 +61,10 @@ class ConvGeometry(NamedTuple):
         return (self.n * self.h_out * self.w_out, self.kh * self.kw * self.c)
 
     @property
+    def has_padding(self) -> bool:
+        return any((self.pad_top, self.pad_bottom, self.pad_left, self.pad_right))
+
+    @property
     def padded_hw(self) -> tuple:
         return (self.h + self.pad_top + self.pad_bottom, self.w + self.pad_left + self.pad_right)
 
@@ -257,21 +261,22 @@ class _ColumnBuilder:
 
     def __init__(self, x: np.ndarray, g: ConvGeometry, chunks: list, dtype):
         self.x, self.g = x, g
-        self.copy_free = (g.kh == g.kw == g.sh == g.sw == 1
-                          and g.pad_top == g.pad_bottom == g.pad_left == g.pad_right == 0)
+        self.copy_free = g.kh == g.kw == g.sh == g.sw == 1 and not g.has_padding
         if self.copy_free:  # a 1x1, stride-1 convolution: the input already IS the im2col matrix
             return
         images = max(n1 - n0 for n0, n1, _, _ in chunks)
         rows = max(r1 - r0 for _, _, r0, r1 in chunks)
         a, b = _input_rows(g, 0, rows)
         # np.zeros: the left/right padding columns are never written, so they stay zero for every chunk
-        self.strip = np.zeros((images, b - a, g.padded_hw[1], g.c), dtype)
+        self.strip = np.zeros((images, b - a, g.padded_hw[1], g.c), dtype) if g.has_padding else None
         self.cols = np.empty((images * rows * g.w_out, g.kh * g.kw * g.c), dtype)
 
     def padded_strip(self, n0, n1, r0, r1) -> np.ndarray:
         """The zero-padded input rows that output rows r0:r1 of images n0:n1 read."""
         g = self.g
         a, b = _input_rows(g, r0, r1)
+        if self.strip is None:  # no padding: the input rows themselves, no copy
+            return self.x[n0:n1, a:b]
         strip = self.strip[: n1 - n0, : b - a]
         lo, hi = max(a, g.pad_top), min(b, g.pad_top + g.h)  # padded rows that hold image rows
         hi = max(hi, lo)
