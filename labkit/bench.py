@@ -280,7 +280,7 @@ class BenchResult:
         import matplotlib.pyplot as plt
 
         if ax is None:
-            _, ax = plt.subplots(figsize=(10, 4))
+            _, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
         methods = [m for m in ("naive", "im2col", "tf", "gemm") if any(r.gflops.get(m) for r in self.layers)]
         width = 0.8 / len(methods)
         xs = np.arange(len(self.layers))
@@ -288,11 +288,11 @@ class BenchResult:
             ax.bar(xs + (i - (len(methods) - 1) / 2) * width, [r.gflops.get(m) or 0 for r in self.layers],
                    width, label={"tf": "tf.nn.conv2d", "gemm": "bare GEMM", "naive": "naive (loops)"}.get(m, m))
         ax.axhline(self.machine_gemm_gflops, color="k", ls="--", lw=1, label="machine GEMM (2048^3)")
-        ax.set_xticks(xs, [r.layer.replace(" ", "\n", 1) for r in self.layers], fontsize=8)
+        ax.set_xticks(xs, [r.layer for r in self.layers], fontsize=8, rotation=30, ha="right")
         ax.set_yscale("log")  # the loops are thousands of times slower: a log scale shows every bar
         ax.set_ylabel("GFLOP/s (log scale)")
-        ax.set_title(f"ResNet-50 conv layers, batch {self.batch_size}, float32 ({self.profile} profile)")
-        ax.legend(fontsize=8, ncol=len(methods) + 1)
+        ax.set_title(f"ResNet-50 conv layers, batch {self.batch_size}, float32 ({self.profile} profile)", pad=24)
+        ax.legend(fontsize=8, ncol=len(methods) + 1, loc="lower center", bbox_to_anchor=(0.5, 1.08), frameon=False)
         return ax
 
 
