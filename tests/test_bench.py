@@ -133,3 +133,19 @@ def test_conv_bench_command_quick_profile(tmp_path):
     assert all({"im2col_vs_tf", "im2col_vs_gemm", "im2col_vs_naive"} <= set(r["ratios"]) for r in d["layers"])
     assert "OPENBLAS_CORETYPE" in d["openblas_env"] and d["blas"]
     assert "im2col/gemm" in proc.stdout and "GFLOP/s" in proc.stdout
+
+
+def test_targets_use_the_geometric_mean_and_name_the_worst_layer():
+    def row(name, kernel, im2col, tf, gemm, naive):
+        return bench.LayerResult(name, kernel, (1, 1, 1, 1), (1, 1, 1), 1.0,
+                                 {"im2col": im2col, "tf": tf, "gemm": gemm, "naive": naive}, {}, {})
+
+    result = bench.BenchResult("quick", 1, 1, "auto", 1.0, "", {}, [],
+                               [row("a", 3, 90, 100, 100, 0.1), row("b", 3, 40, 100, 50, 0.1), row("c", 1, 10, 1, 1, 1)])
+    t = result.targets()
+    assert t["im2col_vs_tf_3x3"]["measured"] == pytest.approx((0.9 * 0.4) ** 0.5)  # 0.6: missed
+    assert not t["im2col_vs_tf_3x3"]["met"] and t["im2col_vs_tf_3x3"]["worst_layer"] == "b"
+    assert t["im2col_vs_gemm_3x3"]["measured"] == pytest.approx((0.9 * 0.8) ** 0.5)  # 0.85: met
+    assert t["im2col_vs_gemm_3x3"]["met"] and not t["im2col_vs_naive"]["met_by_every_layer"]
+    assert t["im2col_vs_naive"]["worst"] == pytest.approx(10) and t["im2col_vs_naive"]["worst_layer"] == "c"
+    assert "MISSED" in str(result) and "worst 0.40x on b" in str(result)
