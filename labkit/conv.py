@@ -395,7 +395,7 @@ def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_s
     stays in cache. "auto" (default) picks about 4 MiB; None builds the whole matrix and runs exactly
     one GEMM. With chunks, `threads` workers (default: as many as BLAS uses, when the batch is large
     enough) each take the next chunk, build its rows and multiply them with a single-threaded BLAS, so
-    the copying runs in parallel too.
+    the copying runs in parallel too (meanwhile numpy's BLAS is set to one thread, process-wide).
     """
     x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
     chunk_size = _check_chunk_size(chunk_size, g, dtype)
