@@ -119,6 +119,24 @@ def sgd_with_lr_factors(model, factors: dict, learning_rate=0.01, momentum=0.9, 
     return FactorSGD(variable_factors(model, factors), learning_rate=learning_rate, momentum=momentum, **kwargs)
 
 
+def measure_factors(model, factors: dict, x, y, learning_rate: float = 0.01) -> dict:
+    """How far one training step moves each variable with `factors`, relative to plain SGD (ratio per name).
+
+    Two copies of the model take the same step through Keras's own train step, one with stock SGD and one
+    with FactorSGD (both without momentum): a correct helper gives exactly the factors back.
+    """
+    moved = []
+    for optimizer_for in (lambda m: tf.keras.optimizers.SGD(learning_rate),
+                          lambda m: sgd_with_lr_factors(m, factors, learning_rate=learning_rate, momentum=0.0)):
+        m = copy_model(model)
+        before = {v.name: v.numpy() for v in m.trainable_variables}
+        m.compile(optimizer=optimizer_for(m), loss="sparse_categorical_crossentropy")
+        m.train_on_batch(x, y)
+        moved.append({v.name: float(np.linalg.norm(v.numpy() - before[v.name])) for v in m.trainable_variables})
+    plain, scaled = moved
+    return {name: scaled[name] / plain[name] for name in plain if plain[name] > 0}
+
+
 # ----------------------------------------------------------------------------- freezing and new heads
 def freeze(model, keep=()):
     """Make every layer non-trainable except those named in keep; returns the model. Compile afterwards.

@@ -305,3 +305,35 @@ def test_cli_help_and_errors(tmp_path, capsys):
     assert sweep.cli_main(["--list"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert len(listed) == 17 and listed[1].split()[:2] == ["f20_k5_p3", str(1520 + 20040 + 19610)]
+
+
+def test_recommend_picks_smallest_front_network_within_tolerance():
+    import pandas as pd
+
+    df = pd.DataFrame({"name": list("abcde"), "status": ["ok"] * 4 + ["error"],
+                       "memory_bytes": [100, 200, 400, 300, None], "accuracy": [0.60, 0.79, 0.80, 0.70, None]})
+    assert list(sweep.with_pareto(df).query("pareto").name) == ["a", "b", "c"]  # d is beaten by b
+    assert sweep.recommend(df, max_accuracy_drop=0.02)["name"] == "b"
+    assert sweep.recommend(df, max_accuracy_drop=0.0)["name"] == "c"
+    assert sweep.recommend(df, max_accuracy_drop=0.5)["name"] == "a"
+    assert sweep.recommend(df, memory_budget_bytes=300)["name"] == "b"
+    with pytest.raises(ValueError, match="memory_budget_bytes"):
+        sweep.recommend(df, memory_budget_bytes=50)
+    with pytest.raises(ValueError, match="max_accuracy_drop"):
+        sweep.recommend(df, max_accuracy_drop=2)
+
+
+@pytest.mark.slow
+def test_cli_trains_real_networks_and_resumes(tmp_path, capsys):
+    out = tmp_path / "cli.jsonl"
+    args = ["--configs", "f20_k3_p2,f20_k3_p3", "--train-size", "64", "--test-size", "64", "--epochs", "1",
+            "--out", str(out), "--no-progress"]
+    assert sweep.cli_main(args) == 0
+    records = sweep.load_results(out)
+    assert [r["name"] for r in records] in (["f20_k3_p2", "f20_k3_p3"], ["f20_k3_p3", "f20_k3_p2"])
+    for r in records:
+        assert r["status"] == "ok" and 0 <= r["accuracy"] <= 1
+        assert r["params"] == sweep.matlab_param_count(r["config"]) and r["memory_bytes"] == 4 * r["params"]
+        assert r["memory_bytes_keras"] == r["memory_bytes"]  # labkit.models.cifar.memory_footprint agrees
+    assert sweep.cli_main(args + ["--resume"]) == 0
+    assert "trained 0, skipped 2" in capsys.readouterr().out

@@ -179,3 +179,12 @@ def test_imagenet_base_loads_staged_weights(tmp_path, monkeypatch):
     base = transfer.imagenet_base("mobilenet_v2", input_shape=(96, 96, 3))
     for a, b in zip(staged.weights, base.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_measure_factors_reports_the_factors():
+    model = two_layer_model()
+    x, y = batch()
+    ratios = transfer.measure_factors(model, {"d1": {"kernel": 0, "bias": 2}, "d2": 5}, x, y, learning_rate=0.1)
+    assert ratios["d1/kernel:0"] == 0.0
+    np.testing.assert_allclose([ratios["d1/bias:0"], ratios["d2/kernel:0"], ratios["d2/bias:0"]], [2, 5, 5],
+                               rtol=1e-3)
