@@ -30,7 +30,7 @@ SlurmctldHost=localhost
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser={user}
-SlurmdUser=root
+SlurmdUser={user}
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={d}/munge/munge.sock
