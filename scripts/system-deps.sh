@@ -26,7 +26,7 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 # unique, in order
-pkgs=$(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++' | tr '\n' ' ')
+pkgs=$(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++' | tr '\n' ' '); pkgs="${pkgs% }"
 hint="the browser/Slurm tests will skip; to run them: sudo apt-get install -y --no-install-recommends $pkgs"
 
 if [ "$(id -u)" != 0 ]; then say "not root, not installing $pkgs; $hint"; exit 0; fi
@@ -37,14 +37,14 @@ if grep -qi '^ID=ubuntu' /etc/os-release 2>/dev/null && [[ " $pkgs " == *" chrom
 fi
 
 export DEBIAN_FRONTEND=noninteractive
-install() { timeout 600 apt-get install -y -q --no-install-recommends $pkgs >"$log" 2>&1; }
+apt_install() { timeout 600 apt-get install -y -q --no-install-recommends $pkgs >"$log" 2>&1; }
 log=$(mktemp); trap 'rm -f "$log"' EXIT
 start=$(date +%s)
 say "installing $pkgs"
 # the package lists may be missing or stale (fresh containers ship without them): update once on failure
-if ! install; then
+if ! apt_install; then
   timeout 300 apt-get update -q >"$log" 2>&1 || true
-  if ! install; then
+  if ! apt_install; then
     say "apt-get install failed (last lines below); $hint"
     tail -n 5 "$log" | sed 's/^/system-deps:   /'
     exit 0
