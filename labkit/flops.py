@@ -32,6 +32,7 @@ Nested models are counted layer by layer, rows named "outer/inner".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -343,16 +344,36 @@ def count(model, *, count_bias=False, count_bn=False, count_activations=False, c
     return report
 
 
-_NAMED_CACHE: dict = {}
+@contextlib.contextmanager
+def shapes_only():
+    """Build Keras models in a throwaway TF1-style graph in inference phase: shapes without weight values.
 
-
-def count_named(name: str, input_size: int | None = None, **options) -> FlopsReport:
-    """Build labkit.models.get(name) at input_size x input_size (None: its default), count it, free it.
-
-    Reports are cached per (name, input_size, options): building VGG or ResNet-152 takes seconds.
+    Counting needs only shapes; VGG-16's 138 M weights would otherwise be allocated and initialised
+    (seconds and half a GB each). The models built inside cannot be run; count() them in the block.
     """
     import tensorflow as tf
 
+    with tf.Graph().as_default():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # learning_phase_scope is deprecated, and the only way to say it
+            scope = tf.keras.backend.learning_phase_scope(0)
+            scope.__enter__()
+        try:
+            yield
+        finally:
+            scope.__exit__(None, None, None)
+
+
+_NAMED_CACHE: dict = {}
+_SHAPE_MODELS: dict = {}  # (name, input_size) -> a weightless model from shapes_only()
+
+
+def count_named(name: str, input_size: int | None = None, **options) -> FlopsReport:
+    """Build labkit.models.get(name) at input_size x input_size (None: its default) and count it.
+
+    Models are built with shapes_only() and kept (they hold no weight values), so counting the same
+    network with other options is instant; reports are cached too.
+    """
     from labkit import models
 
     if input_size is not None and (not isinstance(input_size, int) or isinstance(input_size, bool)
@@ -363,11 +384,11 @@ def count_named(name: str, input_size: int | None = None, **options) -> FlopsRep
         raise TypeError(f"count_named got unknown options {bad}; valid: {', '.join(_OPTIONS)}")
     key = (name, input_size, tuple(bool(options.get(o, False)) for o in _OPTIONS))
     if key not in _NAMED_CACHE:
-        shape = None if input_size is None else (input_size, input_size, 3)
-        model = models.get(name, input_shape=shape)
-        _NAMED_CACHE[key] = count(model, **options)
-        del model
-        tf.keras.backend.clear_session()
+        if (name, input_size) not in _SHAPE_MODELS:
+            shape = None if input_size is None else (input_size, input_size, 3)
+            with shapes_only():
+                _SHAPE_MODELS[(name, input_size)] = models.get(name, input_shape=shape)
+        _NAMED_CACHE[key] = count(_SHAPE_MODELS[(name, input_size)], **options)
     return _NAMED_CACHE[key]
 
 
@@ -381,7 +402,8 @@ def tf_profiler_flops(model) -> dict:
 
     The oracle for count(): its TF_MAC_OPS entries (Conv2D, MatMul, ...) add up to 2 x MACs; BiasAdd,
     MaxPool/AvgPool/Mean, AddV2 and Softmax are the optional costs. The profiler has no rule for
-    ReLU or fused batch norm. Use small input sizes: freezing embeds every weight in the graph.
+    ReLU or fused batch norm. Freezing embeds every weight in the graph and TensorFlow's converter needs
+    about 40 bytes per parameter: prefer small models and input sizes.
     """
     import tensorflow as tf
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
