@@ -15,16 +15,18 @@ filter (kh * kw * C_in columns, in HWIO order), so `im2col(x) @ w.reshape(-1, C_
 from __future__ import annotations
 
 import math
+import threading
 from typing import NamedTuple
 
 import numpy as np
 
 PADDING_HELP = "padding must be 'VALID', 'SAME' or pairs [(top, bottom), (left, right)]"
-# chunk_size="auto": as many im2col rows as fit in CHUNK_BYTES (at least MIN_CHUNK_ROWS). A 4 MiB buffer
-# stays in the last-level cache while it is written and read back by the GEMM; 256+ rows keep the GEMM
-# near its full rate (the chunk-size sweep in 02_im2col shows the trade-off).
+# chunk_size="auto": as many im2col rows as fit in CHUNK_BYTES, but at least MIN_CHUNK_ROWS. A 4 MiB buffer
+# stays in the last-level cache while it is written and read back by the GEMM; 1024+ rows keep the GEMM near
+# its full rate when the weight matrix is large (every GEMM packs all of it again). The chunk-size sweep in
+# 02_im2col shows the trade-off.
 CHUNK_BYTES = 4 * 2**20
-MIN_CHUNK_ROWS = 256
+MIN_CHUNK_ROWS = 1024
 # with threads=None, worker threads are used only when each gets at least this many rows; smaller
 # problems run as one GEMM on BLAS's own threads (splitting a short matrix only repeats B's packing)
 PARALLEL_MIN_ROWS = 512
@@ -256,6 +258,23 @@ def _input_rows(g: ConvGeometry, r0: int, r1: int) -> tuple:
     return r0 * g.sh, (r1 - 1) * g.sh + (g.kh - 1) * g.dh + 1
 
 
+_local = threading.local()
+WORKSPACE_BYTES = 32 * 2**20  # largest scratch buffer kept between calls, per thread
+
+
+def _workspace(kind: str, shape: tuple, dtype) -> np.ndarray:
+    """This thread's reusable scratch array: no fresh allocation (and page faults) on every call."""
+    dtype = np.dtype(dtype)
+    size = math.prod(shape)
+    if size * dtype.itemsize > WORKSPACE_BYTES:
+        return np.empty(shape, dtype)
+    buffers = _local.__dict__.setdefault("buffers", {})
+    buf = buffers.get((kind, dtype))
+    if buf is None or buf.size < size:
+        buf = buffers[(kind, dtype)] = np.empty(size, dtype)
+    return buf[:size].reshape(shape)
+
+
 class _ColumnBuilder:
     """Builds the im2col rows of one chunk at a time in reusable buffers (padded input strip, matrix)."""
 
@@ -267,9 +286,8 @@ class _ColumnBuilder:
         images = max(n1 - n0 for n0, n1, _, _ in chunks)
         rows = max(r1 - r0 for _, _, r0, r1 in chunks)
         a, b = _input_rows(g, 0, rows)
-        # np.zeros: the left/right padding columns are never written, so they stay zero for every chunk
-        self.strip = np.zeros((images, b - a, g.padded_hw[1], g.c), dtype) if g.has_padding else None
-        self.cols = np.empty((images * rows * g.w_out, g.kh * g.kw * g.c), dtype)
+        self.strip = _workspace("strip", (images, b - a, g.padded_hw[1], g.c), dtype) if g.has_padding else None
+        self.cols = _workspace("cols", (images * rows * g.w_out, g.kh * g.kw * g.c), dtype)
 
     def padded_strip(self, n0, n1, r0, r1) -> np.ndarray:
         """The zero-padded input rows that output rows r0:r1 of images n0:n1 read."""
@@ -280,8 +298,10 @@ class _ColumnBuilder:
         strip = self.strip[: n1 - n0, : b - a]
         lo, hi = max(a, g.pad_top), min(b, g.pad_top + g.h)  # padded rows that hold image rows
         hi = max(hi, lo)
-        strip[:, : lo - a] = 0
+        strip[:, : lo - a] = 0  # padding rows above and below the image
         strip[:, hi - a:] = 0
+        strip[:, :, : g.pad_left] = 0  # padding columns left and right
+        strip[:, :, g.pad_left + g.w:] = 0
         strip[:, lo - a: hi - a, g.pad_left: g.pad_left + g.w] = self.x[n0:n1, lo - g.pad_top: hi - g.pad_top]
         return strip
 

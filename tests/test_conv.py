@@ -230,8 +230,8 @@ def test_chunk_size_bounds_peak_memory():
 def test_auto_chunk_size_is_about_4_mib_of_rows():
     g = conv.geometry((8, 56, 56, 64), 3, 1, "SAME")  # K = 576 columns of float32
     assert conv._check_chunk_size("auto", g, np.float32) == 4 * 2**20 // (576 * 4)
-    g = conv.geometry((8, 7, 7, 512), 3, 1, "SAME")  # K = 4608: never fewer than 256 rows
-    assert conv._check_chunk_size("auto", g, np.float32) == 256
+    g = conv.geometry((8, 7, 7, 512), 3, 1, "SAME")  # K = 4608: never fewer than 1024 rows
+    assert conv._check_chunk_size("auto", g, np.float32) == 1024
 
 
 def test_small_problems_use_blas_threads_large_ones_worker_threads(monkeypatch):
@@ -243,6 +243,17 @@ def test_small_problems_use_blas_threads_large_ones_worker_threads(monkeypatch):
     assert workers == 2 and len(chunks) % 2 == 0
     assert conv.plan(large, None)[1] == 1  # chunk_size=None: exactly one GEMM
     assert conv.plan(small, 20, threads=2)[1] == 2  # explicit threads are honoured
+
+
+def test_reused_buffers_keep_padding_zero():
+    # two geometries whose padded strips have the same shape but different padding columns, in turn:
+    # the second must not see image values the first left in its reused buffer
+    x1, x2 = rand((1, 6, 5, 2), 20) + 10, rand((1, 6, 4, 2), 21)
+    w1, w2 = rand((3, 3, 2, 2), 22), rand((3, 4, 2, 2), 23)
+    for _ in range(2):
+        for x, w, pads in ((x1, w1, [(1, 1), (1, 1)]), (x2, w2, [(1, 1), (2, 1)])):
+            got = conv.conv2d_im2col(x, w, 1, pads, chunk_size=6, threads=1)
+            np.testing.assert_allclose(got, tf_conv(x, w, 1, pads, 1), **TOL32)
 
 
 def test_threads_do_not_change_the_result():
