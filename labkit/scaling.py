@@ -323,6 +323,9 @@ def summarize(ranks: list[dict]) -> dict:
         "images_per_sec_std": float(per_repeat.std(ddof=1)) if per_repeat.size > 1 else 0.0,
         "images_per_sec_per_rank": float(per_repeat.mean()) / r0["size"],
         "step_time_s": float(np.median([r["step_time_s"] for r in ranks])),
+        "cpu_step_time_s": float(np.median([r.get("cpu_step_time_s", np.nan) for r in ranks])),
+        # a synchronous step ends when the slowest rank's does: the max over ranks
+        "step_time_p10_s": float(np.max([r.get("step_time_p10_s", np.nan) for r in ranks])),
         "final_loss": r0["final_loss"], "checksums": checks, "in_sync": len(set(checks)) == 1,
         "threads": r0["threads"], "model": r0["model"], "data": r0["data"], "sync": r0["sync"],
         "wall_s": r0.get("wall_s"), "ranks": ranks,
@@ -339,6 +342,12 @@ def efficiency(df, base_np=None):
     ips1 = float(ref["images_per_sec"].iloc[0])
     df["speedup"] = df["images_per_sec"] / ips1
     df["efficiency"] = df["speedup"] / (df["np"] / base)
+    for col, out in (("step_time_p10_s", "p10_efficiency"), ("cpu_step_time_s", "cpu_efficiency")):
+        if col in df and "batch_size" in df:
+            # per-rank time per image at np=base over the same at np (weak or strong scaling alike):
+            # p10 = the uncontended steps of a shared machine; cpu = work done, not time spent waiting
+            per_image = df[col] / df["batch_size"]
+            df[out] = float(per_image[df["np"] == base].iloc[0]) / per_image
     return df
 
 
