@@ -261,3 +261,22 @@ def test_failing_rank_is_the_cause_not_the_victim():
     assert scaling._failing_rank(["Process name: 0", "Exit code: 1"], tails) == 1
     assert scaling._failing_rank(["Process name: 3"], {}) == 3
     assert scaling._failing_rank([], {}) is None
+
+
+def test_p10_and_cpu_efficiency_are_per_image_ratios():
+    # strong scaling: np=2 halves the per-rank batch; equal time per image means efficiency 1
+    df = pd.DataFrame({"np": [1, 2], "images_per_sec": [100.0, 150.0], "batch_size": [64, 32],
+                       "step_time_p10_s": [0.64, 0.40], "cpu_step_time_s": [0.60, 0.30]})
+    out = scaling.efficiency(df)
+    assert list(out["p10_efficiency"]) == pytest.approx([1.0, 0.8])   # 10 ms/image vs 12.5 ms/image
+    assert list(out["cpu_efficiency"]) == pytest.approx([1.0, 1.0])
+
+
+def test_explorer_widget_reports_the_model(capsys):
+    pytest.importorskip("ipywidgets")
+    box = scaling.explorer()
+    out = box.children[-1]
+    # in a kernel the text lands in the Output widget; without one, ipywidgets passes it to stdout
+    text = "".join(o.get("text", "") for o in out.outputs) + capsys.readouterr().out
+    row = scaling.predict([64], model="resnet101", gpu="P100", network="25GbE (RoCE)").iloc[0]
+    assert f"efficiency {row.efficiency:.0%}" in text
