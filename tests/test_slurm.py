@@ -3,7 +3,6 @@
 No systemd and nothing outside a temporary directory: the daemons get their own key, socket, ports,
 state and logs, and are stopped by PID at the end. Skips, naming what is missing, where Slurm cannot start.
 """
-import importlib.util
 import json
 import os
 import re
@@ -14,6 +13,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
+VENV = str(Path(sys.executable).parent.parent)  # the jobs use the environment running the tests
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
 COMMANDS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel"]
 
@@ -75,8 +77,8 @@ class LoopbackSlurm:
                 out.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(out)
 
-    def run(self, *cmd, check=True, timeout=30):
-        res = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+    def run(self, *cmd, check=True, timeout=30, env=None):
+        res = subprocess.run(cmd, env=env or self.env, capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} -> {res.returncode}: {res.stderr.strip()}")
         return res.stdout.strip()
@@ -120,6 +122,12 @@ class LoopbackSlurm:
         self._wait("slurmctld (scontrol ping)", lambda: "UP" in self.run("scontrol", "ping", check=False), 20)
         self._daemon("slurmd", "-D", "-N", "localhost")
         self._wait("the node to be idle", lambda: self.run("sinfo", "-h", "-N", "-o", "%T") == "idle", 30)
+
+    def submit(self, script: str, *options, log: Path, **env) -> tuple[str, Path]:
+        """sbatch an hpc/ template from the repository root with extra environment; (job id, its log file)."""
+        job_id = self.run("sbatch", "--parsable", f"--output={log}", f"--chdir={ROOT}", *options,
+                          str(ROOT / script), env=dict(self.env, **env))
+        return job_id, Path(str(log).replace("%j", job_id))
 
     def job_fields(self, job_id: str) -> dict:
         return dict(re.findall(r"(\w+)=(\S*)", self.run("scontrol", "show", "job", "-o", job_id, check=False)))
@@ -173,17 +181,11 @@ def slurm():
 
 def test_single_node_template_runs_labkit_scale_with_two_tasks(slurm, tmp_path):
     """Template (a) on CPU with 2 tasks: labkit scale at 1 and 2 ranks, ranks in sync."""
-    if importlib.util.find_spec("labkit.scaling") is None:
-        pytest.skip("labkit.scaling (labkit scale) is not in this checkout")
     results = tmp_path / "scale.json"
-    out = tmp_path / "job-%j.out"
-    env_add = {"LABKIT_VENV": str(Path(sys.executable).parent.parent), "LABKIT_RESULTS": str(results),
-               "LABKIT_PROFILE": "quick", "LABKIT_STEPS": "5", "LABKIT_SCALE_ARGS": "--repeats 2 --warmup-steps 2"}
-    slurm.env.update(env_add)
-    job_id = slurm.run("sbatch", "--parsable", "--ntasks=2", "--gres=none", f"--output={out}",
-                       f"--chdir={ROOT}", str(ROOT / "hpc/single_node.sbatch"))
+    job_id, log = slurm.submit("hpc/single_node.sbatch", "--ntasks=2", "--gres=none", log=tmp_path / "job-%j.out",
+                               LABKIT_VENV=VENV, LABKIT_RESULTS=str(results), LABKIT_PROFILE="quick",
+                               LABKIT_STEPS="5", LABKIT_SCALE_ARGS="--repeats 2 --warmup-steps 2")
     fields = slurm.wait_job(job_id, timeout=240)
-    log = Path(str(out).replace("%j", job_id))
     text = log.read_text(errors="replace") if log.exists() else "(no job output)"
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", \
         f"job {job_id}: {fields.get('JobState')} exit {fields.get('ExitCode')}\n{text}\n{slurm.log_tail()}"
@@ -202,18 +204,11 @@ def test_single_node_template_runs_labkit_scale_with_two_tasks(slurm, tmp_path):
 
 def test_jupyter_template_serves_lab_and_prints_the_tunnel(slurm, tmp_path, isolated_home):
     """Template (c): JupyterLab answers on the port named in the printed `ssh -L` line, with the token."""
-    import urllib.error
-    import urllib.request
-
     token = "labkit-slurm-" + os.urandom(8).hex()
-    out = tmp_path / "lab-%j.out"
-    env = dict(slurm.env, JUPYTER_TOKEN=token, LABKIT_VENV=str(Path(sys.executable).parent.parent),
-               LABKIT_LOGIN_HOST="login.example.org", USER="student")
-    env.update({k: os.environ[k] for k in os.environ if k.startswith(("JUPYTER_", "IPYTHON")) or k == "HOME"})
-    job_id = subprocess.run(["sbatch", "--parsable", "--gres=none", "--cpus-per-task=1", f"--output={out}",
-                             f"--chdir={ROOT}", str(ROOT / "hpc/jupyter.sbatch")],
-                            env=env, capture_output=True, text=True, check=True).stdout.strip()
-    log = Path(str(out).replace("%j", job_id))
+    home = {k: v for k, v in os.environ.items() if k.startswith(("JUPYTER_", "IPYTHON")) or k == "HOME"}
+    job_id, log = slurm.submit("hpc/jupyter.sbatch", "--gres=none", "--cpus-per-task=1", log=tmp_path / "lab-%j.out",
+                               JUPYTER_TOKEN=token, LABKIT_VENV=VENV, LABKIT_LOGIN_HOST="login.example.org",
+                               USER="student", **home)
     try:
         deadline, status, text, match = time.time() + 90, None, "", None
         while time.time() < deadline and status != 200:
@@ -244,14 +239,10 @@ def test_jupyter_template_serves_lab_and_prints_the_tunnel(slurm, tmp_path, isol
 def test_multi_node_template_launches_horovod_over_the_allocation(slurm, tmp_path):
     """Template (b) on one node x 2 tasks: horovodrun gets its hosts from Slurm; ranks end in sync."""
     out = tmp_path / "hvd"
-    log = tmp_path / "job-%j.out"
-    env = dict(slurm.env, LABKIT_VENV=str(Path(sys.executable).parent.parent), LABKIT_RESULTS=str(out),
-               LABKIT_STEPS="3", LABKIT_PROFILE="quick")
-    job_id = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gres=none",
-                             f"--output={log}", f"--chdir={ROOT}", str(ROOT / "hpc/multi_node.sbatch")],
-                            env=env, capture_output=True, text=True, check=True).stdout.strip()
+    job_id, log = slurm.submit("hpc/multi_node.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gres=none",
+                               log=tmp_path / "job-%j.out", LABKIT_VENV=VENV, LABKIT_RESULTS=str(out),
+                               LABKIT_STEPS="3", LABKIT_PROFILE="quick")
     fields = slurm.wait_job(job_id, timeout=180)
-    log = Path(str(log).replace("%j", job_id))
     text = log.read_text(errors="replace") if log.exists() else "(no job output)"
     assert fields["JobState"] == "COMPLETED", f"{fields.get('JobState')} {fields.get('ExitCode')}\n{text}"
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
