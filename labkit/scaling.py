@@ -396,6 +396,7 @@ def per_rank(df):
 
 def to_json(df, **extra) -> dict:
     """The `labkit scale --json` document (DESIGN.md contract), plus the settings in extra."""
+    import pandas as pd
     runs = []
     for _, r in df.iterrows():
         runs.append({"np": int(r["np"]), "images_per_sec": float(r["images_per_sec"]),
@@ -405,6 +406,9 @@ def to_json(df, **extra) -> dict:
                      "batch_size": int(r["batch_size"]), "global_batch_size": int(r["global_batch_size"]),
                      "step_time_s": float(r["step_time_s"]), "final_loss": float(r["final_loss"]),
                      "threads": int(r["threads"])})
+        for extra_key in ("p10_efficiency", "cpu_efficiency", "step_time_p10_s", "cpu_step_time_s"):
+            if extra_key in r and pd.notna(r[extra_key]):
+                runs[-1][extra_key] = float(r[extra_key])
     return {"runs": runs, "all_in_sync": all(x["in_sync"] for x in runs), **extra}
 
 
@@ -854,7 +858,8 @@ def cli_main(argv=None) -> int:
                   warmup_steps=a.warmup_steps, data=str(df["data"].iloc[0]), launcher=a.launcher)
     for r in doc["runs"]:
         print(f"np={r['np']}: {r['images_per_sec']:.1f} +- {r['images_per_sec_std']:.1f} images/s, "
-              f"efficiency {r['efficiency']:.2f}, checksums {'equal' if r['in_sync'] else 'DIFFER'}")
+              f"efficiency {r['efficiency']:.2f} (uncontended steps: {r.get('p10_efficiency', float('nan')):.2f}), "
+              f"checksums {'equal' if r['in_sync'] else 'DIFFER'}")
     if a.json_path:
         Path(a.json_path).write_text(json.dumps(doc, indent=2))
     return 0 if doc["all_in_sync"] else 3
