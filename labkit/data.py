@@ -6,7 +6,8 @@ official `cifar-10-python.tar.gz` archive (verified by its MD5 before use). On a
 internet, `labkit data fetch cifar10 --dir D` pre-stages it for compute nodes without internet.
 
 When CIFAR-10 is not there, `load_dataset()` falls back to a synthetic set generated on the fly: 10 classes of
-32x32x3 shapes and textures in random colours, positions and sizes, on cluttered noisy backgrounds.
+32x32x3 shapes and textures in random colours, positions and sizes, on noisy backgrounds with clutter (a blob,
+thin lines). The seed 000 network reaches ~50% on it in the quick profile; it is learnable, not trivial.
 (01_cnn_basics)
 """
 from __future__ import annotations
@@ -208,7 +209,7 @@ def _synthetic_chunk(rng: np.random.Generator, n: int):
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
     cx = rng.uniform(9, 23, (n, 1, 1)).astype(np.float32)
     cy = rng.uniform(9, 23, (n, 1, 1)).astype(np.float32)
-    r = rng.uniform(5.5, 10, (n, 1, 1)).astype(np.float32)
+    r = rng.uniform(5, 10, (n, 1, 1)).astype(np.float32)
     theta = rng.uniform(-0.3, 0.3, (n, 1, 1)).astype(np.float32)  # small tilt: stripes keep their orientation
     du, dv = (xx - cx) / r, (yy - cy) / r
     u = np.cos(theta) * du + np.sin(theta) * dv
@@ -231,19 +232,22 @@ def _synthetic_chunk(rng: np.random.Generator, n: int):
     # background: a colour plus a random linear gradient; foreground: another colour, not too close
     bg = rng.uniform(0.1, 0.9, (n, 1, 1, 3)).astype(np.float32)
     fg = rng.uniform(0.0, 1.0, (n, 1, 1, 3)).astype(np.float32)
-    too_close = np.abs(fg - bg).sum(-1, keepdims=True) < 0.6
+    too_close = np.abs(fg - bg).sum(-1, keepdims=True) < 0.45  # some low-contrast images, none invisible
     fg = np.where(too_close, 1.0 - bg, fg)
     grad = rng.normal(0, 0.012, (n, 1, 1, 2)).astype(np.float32)
     ramp = (grad[..., :1] * (xx - 16)[..., None] + grad[..., 1:] * (yy - 16)[..., None])
     img = bg + ramp + mask[..., None] * (fg - bg)
-    # clutter: two random thin lines in random colours that the network must learn to ignore
-    for _ in range(2):
+    # clutter: a random blob and three thin lines in random colours that the network must learn to ignore
+    bx, by = rng.uniform(0, 32, (2, n, 1, 1)).astype(np.float32)
+    blob = (((xx - bx) ** 2 + (yy - by) ** 2) < rng.uniform(3, 8, (n, 1, 1))).astype(np.float32)
+    img = img + 0.5 * blob[..., None] * (rng.uniform(0, 1, (n, 1, 1, 3)).astype(np.float32) - img)
+    for _ in range(3):
         a = rng.uniform(0, np.pi, (n, 1, 1)).astype(np.float32)
         off = rng.uniform(-14, 14, (n, 1, 1)).astype(np.float32)
         line = (np.abs(np.cos(a) * (xx - 16) + np.sin(a) * (yy - 16) - off) < 0.6).astype(np.float32)
         col = rng.uniform(0, 1, (n, 1, 1, 3)).astype(np.float32)
         img = img + 0.5 * line[..., None] * (col - img)
-    img = img + rng.normal(0, 0.08, img.shape).astype(np.float32)
+    img = img + rng.normal(0, 0.10, img.shape).astype(np.float32)
     return (np.clip(img, 0, 1) * 255).round().astype(np.uint8), labels.astype(np.uint8)
 
 

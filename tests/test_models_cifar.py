@@ -28,7 +28,8 @@ def test_seed000_default_by_hand():
     assert cifar.seed000_net().count_params() == 1520 + 20040 + 19610
 
 
-@pytest.mark.parametrize("cfg", cifar.SEED000_SWEEP, ids=lambda c: "f{filters}-k{filter_size}-p{pool_size}-{extra_conv}".format(**c))
+@pytest.mark.parametrize("cfg", cifar.SEED000_SWEEP,
+                         ids=lambda c: "f{filters}-k{filter_size}-p{pool_size}-{extra_conv}".format(**c))
 def test_seed000_sweep_param_counts(cfg):
     model = cifar.seed000_net(**cfg)
     expected = seed000_expected(cfg["filters"], cfg["filter_size"], cfg["pool_size"], cfg["extra_conv"])
