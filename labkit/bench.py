@@ -205,6 +205,8 @@ class BenchResult:
     openblas_env: dict
     blas: list
     layers: list = field(default_factory=list)
+    load_average: list = field(default_factory=list)  # 1-minute load average before and after the run
+    machine_gemm_size: int = 2048
 
     def summary(self) -> dict:
         """Geometric-mean ratios over the 3x3 layers and over the 1x1 layers."""
@@ -257,7 +259,13 @@ class BenchResult:
         lines = [f"conv-bench: profile={self.profile}, batch_size={self.batch_size}, median of {self.repeats} "
                  f"repeats (warm-up excluded), float32, stride 1, SAME; im2col chunk_size={self.chunk_size}",
                  self.machine,
-                 f"this machine's float32 GEMM (2048^3): {self.machine_gemm_gflops:.1f} GFLOP/s", ""]
+                 f"this machine's float32 GEMM ({self.machine_gemm_size}^3): {self.machine_gemm_gflops:.1f} GFLOP/s"]
+        if self.load_average:
+            busy = max(self.load_average) > 1.5 * (os.cpu_count() or 1)
+            lines.append(f"load average (1 min) {' -> '.join(f'{v:.1f}' for v in self.load_average)} on "
+                         f"{os.cpu_count()} cores" + (": other programs competed for the CPU; trust the "
+                                                      "ratios more than the GFLOP/s" if busy else ""))
+        lines.append("")
         head = (f"{'layer':<20} {'M x K x N':>18} {'im2col':>8} {'tf':>8} {'gemm':>8} {'naive':>7}   "
                 f"{'im2col/tf':>9} {'im2col/gemm':>11} {'im2col/naive':>12}")
         lines += [head, f"{'':<20} {'':>18} {'---------- GFLOP/s ----------':>42}", "-" * len(head)]
@@ -292,7 +300,7 @@ class BenchResult:
         for i, m in enumerate(methods):
             ax.bar(xs + (i - (len(methods) - 1) / 2) * width, [r.gflops.get(m) or 0 for r in self.layers],
                    width, label={"tf": "tf.nn.conv2d", "gemm": "bare GEMM", "naive": "naive (loops)"}.get(m, m))
-        ax.axhline(self.machine_gemm_gflops, color="k", ls="--", lw=1, label="machine GEMM (2048^3)")
+        ax.axhline(self.machine_gemm_gflops, color="k", ls="--", lw=1, label=f"machine GEMM ({self.machine_gemm_size}^3)")
         ax.set_xticks(xs, [r.layer for r in self.layers], fontsize=8, rotation=30, ha="right")
         ax.set_yscale("log")  # the loops are thousands of times slower: a log scale shows every bar
         ax.set_ylabel("GFLOP/s (log scale)")
@@ -326,7 +334,8 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
     rng = np.random.default_rng(seed)
     result = BenchResult(profile=config.profile(), batch_size=batch_size, repeats=repeats, chunk_size=chunk_size,
                          machine_gemm_gflops=gemm_rate(*(settings["gemm_size"],) * 3, repeats=repeats),
-                         machine=describe_machine(), openblas_env=openblas_env(), blas=blas_info())
+                         machine=describe_machine(), openblas_env=openblas_env(), blas=blas_info(),
+                         load_average=[_load_average()], machine_gemm_size=settings["gemm_size"])
     for layer in layers:
         g = layer.geometry(batch_size)
         m, k = g.cols_shape
@@ -360,7 +369,15 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
         result.layers.append(row)
         if progress:
             progress(row)
+    result.load_average.append(_load_average())
     return result
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return float("nan")
 
 
 def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 1024, "auto", 8192, 32768, None),

@@ -149,3 +149,11 @@ def test_targets_use_the_geometric_mean_and_name_the_worst_layer():
     assert t["im2col_vs_gemm_3x3"]["met"] and not t["im2col_vs_naive"]["met_by_every_layer"]
     assert t["im2col_vs_naive"]["worst"] == pytest.approx(10) and t["im2col_vs_naive"]["worst_layer"] == "c"
     assert "MISSED" in str(result) and "worst 0.40x on b" in str(result)
+
+
+def test_report_names_the_load_and_the_gemm_size():
+    result = bench.BenchResult("quick", 1, 1, "auto", 50.0, "", {}, [], [], [9.0, 10.0], 1024)
+    text = str(result)
+    assert "(1024^3): 50.0 GFLOP/s" in text
+    assert "load average (1 min) 9.0 -> 10.0" in text
+    assert ("other programs competed" in text) == (10.0 > 1.5 * os.cpu_count())
