@@ -365,11 +365,11 @@ def shapes_only():
 
 
 _NAMED_CACHE: dict = {}
-_SHAPE_MODELS: dict = {}  # (name, input_size) -> a weightless model from shapes_only()
+_SHAPE_MODELS: dict = {}  # (name, input_size, classes) -> a weightless model from shapes_only()
 
 
-def count_named(name: str, input_size: int | None = None, **options) -> FlopsReport:
-    """Build labkit.models.get(name) at input_size x input_size (None: its default) and count it.
+def count_named(name: str, input_size: int | None = None, classes: int = 1000, **options) -> FlopsReport:
+    """Build labkit.models.get(name, classes=classes) at input_size x input_size (None: its default), count it.
 
     Models are built with shapes_only() and kept (they hold no weight values), so counting the same
     network with other options is instant; reports are cached too.
@@ -382,13 +382,13 @@ def count_named(name: str, input_size: int | None = None, **options) -> FlopsRep
     bad = sorted(set(options) - set(_OPTIONS))
     if bad:
         raise TypeError(f"count_named got unknown options {bad}; valid: {', '.join(_OPTIONS)}")
-    key = (name, input_size, tuple(bool(options.get(o, False)) for o in _OPTIONS))
+    key = (name, input_size, classes, tuple(bool(options.get(o, False)) for o in _OPTIONS))
     if key not in _NAMED_CACHE:
-        if (name, input_size) not in _SHAPE_MODELS:
+        if key[:3] not in _SHAPE_MODELS:
             shape = None if input_size is None else (input_size, input_size, 3)
             with shapes_only():
-                _SHAPE_MODELS[(name, input_size)] = models.get(name, input_shape=shape)
-        _NAMED_CACHE[key] = count(_SHAPE_MODELS[(name, input_size)], **options)
+                _SHAPE_MODELS[key[:3]] = models.get(name, input_shape=shape, classes=classes)
+        _NAMED_CACHE[key] = count(_SHAPE_MODELS[key[:3]], **options)
     return _NAMED_CACHE[key]
 
 
@@ -489,6 +489,8 @@ def cli_main(argv: list[str]) -> int:
     parser.add_argument("name", help="model name, e.g. vgg16, resnet50, alexnet_grouped")
     parser.add_argument("--input-size", type=int, default=None, metavar="N",
                         help="square input N x N x 3 (default: the model's own, 224 or 227)")
+    parser.add_argument("--classes", type=int, default=1000, metavar="K",
+                        help="output classes (default 1000, ImageNet; the CIFAR-10 models want 10)")
     parser.add_argument("--json", action="store_true",
                         help='print {"model", "params", "macs", "flops", "layers": [...]} as JSON')
     for option in _OPTIONS:
@@ -503,7 +505,7 @@ def cli_main(argv: list[str]) -> int:
 
     labkit.quiet()
     try:
-        report = count_named(args.name, args.input_size, **{o: getattr(args, o) for o in _OPTIONS})
+        report = count_named(args.name, args.input_size, args.classes, **{o: getattr(args, o) for o in _OPTIONS})
     except ValueError as err:
         print(f"labkit flops: {err}", file=sys.stderr)
         return 2

@@ -294,3 +294,22 @@ def test_cli_help(capsys):
         flops.cli_main(["--help"])
     assert info.value.code == 0
     assert "--input-size" in capsys.readouterr().out
+
+
+def test_shapes_only_counts_equal_a_real_model():
+    real = flops.count(labkit.models.get("resnet18", input_shape=(40, 40, 3), classes=10), **ALL)
+    shapes = flops.count_named("resnet18", 40, classes=10, **ALL)
+    assert shapes.rows == real.rows and shapes.trainable_params == real.trainable_params
+
+
+def test_local_response_normalization_rule():
+    # window n = 5: 5 squares + 5 adds, then bias add, power and divide = 13 FLOPs per element
+    rows = {r.name: r for r in flops.count_named("alexnet_grouped", count_bn=True).rows}
+    assert rows["norm1"].flops == 13 * 55 * 55 * 96
+    assert {r.name: r for r in flops.count_named("alexnet_grouped").rows}["norm1"].flops == 0
+
+
+def test_cli_classes(capsys):
+    assert flops.cli_main(["resnet18", "--input-size", "32", "--classes", "10", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layers"][-1]["output_shape"] == [10] and out["input_shape"] == [32, 32, 3]

@@ -107,3 +107,11 @@ def test_roofline_plot_draws_every_kind(tmp_path):
     ax = hardware.roofline_plot(flops.count_named("resnet18", **ALL), "V100", batch_size=16)
     labels = {t.get_text() for t in ax.get_legend().get_texts()}
     assert {"conv", "dense", "norm"} <= labels
+
+
+def test_step_time_line_and_explorer():
+    line = hardware.step_time("resnet18", 64, "K80", 8)
+    assert line.startswith("resnet18 at 64x64, batch 8, K80 fp32:") and "fits in 12 GB" in line
+    assert "does NOT fit" in hardware.step_time("vgg16", None, "K80", 512)
+    widget = hardware.step_time_explorer("resnet18", 128, "A100", 16, "tf32")
+    assert len(widget.children) == 3
