@@ -35,7 +35,7 @@ BYTES_PER_PARAM = 4  # single precision, as the white paper's getMemoryFootprint
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                    "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 _RUNNER_KEYS = ("key", "name", "config", "status", "error", "accuracy", "params", "memory_bytes",
-                "train_time_s", "wall_time_s", "worker_pid", "threads", "finished_at")
+                "train_time_s", "wall_time_s", "cpu_time_s", "worker_pid", "threads", "finished_at")
 
 
 # ----------------------------------------------------------------------------- configs
@@ -192,7 +192,7 @@ def run_config(train_fn, cfg: dict, threads=None) -> dict:
     """Train one config (in a worker) and return its record; an exception becomes status="error"."""
     record = {"key": config_key(cfg), "name": config_name(cfg), "config": cfg, "worker_pid": os.getpid(),
               "threads": threads}
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     try:
         out = train_fn(dict(cfg))
         if not isinstance(out, dict) or "accuracy" not in out or "params" not in out:
@@ -203,7 +203,8 @@ def run_config(train_fn, cfg: dict, threads=None) -> dict:
         record.update(extra)
         record.update(status="ok", error=None, accuracy=float(out["accuracy"]), params=params,
                       memory_bytes=BYTES_PER_PARAM * params,
-                      train_time_s=float(out.get("train_time_s", wall)), wall_time_s=wall)
+                      train_time_s=float(out.get("train_time_s", wall)), wall_time_s=wall,
+                      cpu_time_s=time.process_time() - start_cpu)
     except Exception as err:  # recorded, never raised: one bad config must not stop the sweep
         tb = traceback.format_exc().strip().splitlines()
         record.update(status="error", error=f"{type(err).__name__}: {err}", traceback=tb[-6:],
@@ -317,6 +318,8 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
     most this many configs in this call (a lease that ends early). tensorflow: workers import TensorFlow
     and pin its thread pools at start-up. train_fn must be picklable (a module-level function or an
     object such as Seed000Trainer); if it has a prepare() method, each worker calls it before timing starts.
+    Workers are spawned, so a script that calls run_sweep needs the `if __name__ == "__main__":` guard
+    (notebooks and the `labkit sweep` command do not).
     """
     configs = list(configs)
     keys = [config_key(c) for c in configs]
@@ -444,13 +447,17 @@ def _drive(pool, todo, train_fn, num_workers, threads, tensorflow, land, run):
 
 
 # ----------------------------------------------------------------------------- speedup vs workers
-def measure_speedup(configs, train_fn, workers=(1, 2), out_dir=None, threads_per_worker=None,
+def measure_speedup(configs, train_fn, workers=(1, 2), out_dir=None, threads_per_worker=None, repeats: int = 1,
                     tensorflow: bool = True, progress: bool = False):
     """Train the same configs with each worker count; DataFrame of wall time, speedup, efficiency.
 
     Workers are started (and their data loaded) before the clock starts, so wall_s is the sweep itself.
+    repeats > 1 runs the worker counts interleaved (1, 2, 1, 2, ...) and keeps the median, so a machine
+    whose load drifts does not favour one count. cores_used = the workers' CPU seconds / wall seconds: how
+    many cores' worth of compute the sweep really got (low on a busy shared machine).
     threads_per_worker: default cores // workers (the fair split); pass a number to oversubscribe on purpose.
     """
+    import statistics
     import tempfile
 
     import pandas as pd
@@ -458,17 +465,24 @@ def measure_speedup(configs, train_fn, workers=(1, 2), out_dir=None, threads_per
     workers = list(workers)
     if not workers or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in workers):
         raise ValueError(f"workers must be positive ints; got {workers!r}")
-    rows = []
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int; got {repeats!r}")
+    runs = {k: [] for k in workers}
     with tempfile.TemporaryDirectory(prefix="labkit-speedup-") as tmp:
         base = Path(out_dir) if out_dir is not None else Path(tmp)
-        for k in workers:
-            run = run_sweep(configs, train_fn, base / f"speedup_{k}_workers.jsonl", num_workers=k,
-                            threads_per_worker=threads_per_worker, resume=False, tensorflow=tensorflow,
-                            warmup=True, progress=progress)
-            ok = [r for r in run.records if r.get("status") == "ok"]
-            rows.append({"workers": k, "threads_per_worker": run.threads_per_worker, "configs": len(configs),
-                         "failed": len(run.failed), "wall_s": run.wall_s, "startup_s": run.startup_s,
-                         "train_s_per_config": sum(r["wall_time_s"] for r in ok) / max(1, len(ok))})
+        for rep in range(repeats):
+            for k in workers:
+                runs[k].append(run_sweep(configs, train_fn, base / f"speedup_{k}_workers_{rep}.jsonl",
+                                         num_workers=k, threads_per_worker=threads_per_worker, resume=False,
+                                         tensorflow=tensorflow, warmup=True, progress=progress))
+    rows = []
+    for k in workers:
+        walls = [r.wall_s for r in runs[k]]
+        cpu = [sum(rec.get("cpu_time_s") or 0.0 for rec in r.records) / max(r.wall_s, 1e-9) for r in runs[k]]
+        rows.append({"workers": k, "threads_per_worker": runs[k][0].threads_per_worker, "configs": len(configs),
+                     "failed": max(len(r.failed) for r in runs[k]), "wall_s": statistics.median(walls),
+                     "wall_s_min": min(walls), "startup_s": statistics.median(r.startup_s for r in runs[k]),
+                     "cores_used": statistics.median(cpu)})
     df = pd.DataFrame(rows)
     reference = df.loc[df.workers == min(workers), "wall_s"].iloc[0]
     df["speedup"] = reference / df["wall_s"] * min(workers)  # relative to one worker (scaled if 1 absent)

@@ -337,3 +337,16 @@ def test_cli_trains_real_networks_and_resumes(tmp_path, capsys):
         assert r["memory_bytes_keras"] == r["memory_bytes"]  # labkit.models.cifar.memory_footprint agrees
     assert sweep.cli_main(args + ["--resume"]) == 0
     assert "trained 0, skipped 2" in capsys.readouterr().out
+
+
+def test_measure_speedup_on_work_that_parallelises_perfectly(tmp_path):
+    # sleeping needs no CPU, so K workers finish K times sooner even on a busy machine: the oracle is K
+    marks = tmp_path / "m"
+    marks.mkdir()
+    df = sweep.measure_speedup(toy_configs(4), Toy(str(marks), sleep=0.5), workers=(1, 2), tensorflow=False)
+    assert list(df.workers) == [1, 2] and list(df.threads_per_worker) == [sweep.available_cores(),
+                                                                         max(1, sweep.available_cores() // 2)]
+    assert df.speedup.iloc[0] == 1.0 and 1.5 < df.speedup.iloc[1] < 2.5
+    assert df.wall_s.iloc[0] >= 4 * 0.5 and (df.cores_used < 0.5).all()  # asleep, not computing
+    with pytest.raises(ValueError, match="repeats"):
+        sweep.measure_speedup(toy_configs(1), Toy(str(marks)), repeats=0)
