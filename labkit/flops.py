@@ -289,8 +289,9 @@ def _count_into(model, prefix, rows, unknown, seen_params, opts):
     for layer in model.layers:
         nodes = [node for i, node in enumerate(layer._inbound_nodes)
                  if f"{layer.name}_ib-{i}" in model._network_nodes]
-        if _is_model(layer):
-            _count_into(layer, f"{prefix}{layer.name}/", rows, unknown, seen_params, opts)
+        if _is_model(layer):  # a nested model: its own layers, once per call in this model
+            for _ in nodes:
+                _count_into(layer, f"{prefix}{layer.name}/", rows, unknown, seen_params, opts)
             continue
         for node in nodes:
             ins, outs = _shapes(node.keras_inputs), _shapes(node.outputs)

@@ -313,3 +313,12 @@ def test_cli_classes(capsys):
     assert flops.cli_main(["resnet18", "--input-size", "32", "--classes", "10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["layers"][-1]["output_shape"] == [10] and out["input_shape"] == [32, 32, 3]
+
+
+def test_nested_model_called_twice_counts_twice_with_params_once():
+    inner = tf.keras.Sequential([tf.keras.Input((6,)), L.Dense(4, name="d")], name="inner")
+    a, b = tf.keras.Input((6,)), tf.keras.Input((6,))
+    model = tf.keras.Model([a, b], L.Concatenate()([inner(a), inner(b)]))
+    report = flops.count(model)
+    assert [r.name for r in report.rows if r.kind == "dense"] == ["inner/d", "inner/d"]
+    assert report.macs == 2 * 24 and report.params == model.count_params() == 28
