@@ -28,6 +28,12 @@ Conventions (the papers'; every number is per image, i.e. batch size 1):
                PyTorch counts 2, so `trainable_params` is the number torchvision tables quote)
   activations  output elements of a layer (per image); activation memory uses 4 bytes each.
 Nested models are counted layer by layer, rows named "outer/inner".
+
+Memory (float32, 4 bytes per value, as the MATLAB paper's footprint): `report.param_bytes`; activation
+memory per image `report.activation_bytes(training)`, where training keeps every layer's output for the
+backward pass (views such as Flatten excluded) and inference needs the largest input + output pair of one
+layer; `training_state_bytes` adds gradients and optimizer slots; `max_batch_size` divides what is left of
+a GPU's memory by the activations per image. Training FLOPs ~ 3 x forward (`training_flops`).
 """
 from __future__ import annotations
 
