@@ -339,7 +339,7 @@ def plot_accuracy_vs_time(df, ax=None):
         ax.plot(t, 100 * np.array(a), "o-", label=STRATEGY_LABELS.get(row.strategy, row.strategy))
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("test accuracy (%)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="best")
     return ax
 
 
