@@ -86,8 +86,8 @@ DEVICES = {d.name: d for d in (
            "NVLink 2", "NVIDIA Tesla V100 datasheet (2017), SXM2 version"),
     Device("A100", "A100 SXM4 40 GB", 2020, 19.5, 156, 312, True, 40, 1555,
            "NVLink 3", "NVIDIA A100 Tensor Core GPU datasheet (2020), SXM4 40 GB"),
-    Device("H100", "H100 SXM5 80 GB", 2022, 67, 989 / 2, 1979 / 2, True, 80, 3350,
-           "NVLink 4", "NVIDIA H100 Tensor Core GPU datasheet (2022), SXM5; tensor peaks halved from sparsity"),
+    Device("H100", "H100 SXM5 80 GB", 2022, 67, 494.7, 989.4, True, 80, 3350,
+           "NVLink 4", "NVIDIA H100 Tensor Core GPU datasheet (2022), SXM5; dense tensor peaks (half the sparsity figures)"),
 )}
 
 INTERCONNECTS = {link.name: link for link in (
