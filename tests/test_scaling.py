@@ -216,13 +216,21 @@ def test_cli_two_rank_gloo_run_ends_with_equal_checksums(tmp_path):
 @pytest.mark.horovod
 @pytest.mark.slow
 @needs_horovod
-def test_without_distributed_optimizer_the_ranks_drift():
-    df = scaling.run(2, sync=False, progress=False, timeout=240, **TINY)
+def test_without_distributed_optimizer_the_ranks_drift(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    df = scaling.run(2, sync=False, progress=False, timeout=240, scale_lr=True, lr_warmup_steps=2, lr=0.01,
+                     extra=["--checkpoint-dir", str(ckpt)], **TINY)
     ranks = df["ranks"].iloc[0]
     assert not df["in_sync"].iloc[0]
     assert ranks[0]["checksum"] != ranks[1]["checksum"]
     # each rank trained on its own half of the data (never the whole set twice)
     assert ranks[0]["examples_this_rank"] + ranks[1]["examples_this_rank"] == ranks[0]["examples_total"]
+    # linear scaling rule with warmup: lr x 2 once the warmup is over
+    assert ranks[0]["lr_final"] == pytest.approx(0.02)
+    # rank 0 alone writes the checkpoint and the log: one line per progress report, not two
+    assert (ckpt / "weights.h5").is_file()
+    lines = (ckpt / "log.jsonl").read_text().splitlines()
+    assert len(lines) == TINY["repeats"] and json.loads(lines[-1])["step"] == TINY["steps"] * TINY["repeats"]
 
 
 @pytest.mark.horovod
