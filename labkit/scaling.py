@@ -832,11 +832,12 @@ def cli_main(argv=None) -> int:
                                             "report images/s, efficiency and each rank's weight checksum.")
     p.add_argument("--np", type=_int_list, default=[1, 2], help="worker counts, e.g. 1,2 (default 1,2)")
     p.add_argument("--model", default="small_cnn", help="small_cnn or a labkit.models name")
-    p.add_argument("--batch-size", type=int, default=64, help="images per worker per step (weak scaling)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per step: per worker (weak scaling) or in total (strong)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats")
     p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps before timing")
-    p.add_argument("--scaling", choices=["weak", "strong"], default="weak")
+    p.add_argument("--scaling", choices=["weak", "strong"], default="weak",
+                   help="weak: fixed work per worker (default); strong: fixed work per step, split")
     p.add_argument("--threads", type=int, default=0,
                    help="intra-op threads per worker (default 0: the node's cores / workers on it)")
     p.add_argument("--data", choices=["synthetic", "auto", "cifar10"], default="synthetic")
