@@ -73,7 +73,9 @@ def slurm_hosts(env=None) -> list[str]:
                                text=True, timeout=30, check=True).stdout.split()
     except (OSError, subprocess.SubprocessError):
         names = [n for n in nodelist.split(",") if n and "[" not in n]
-    per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0] or env.get("SLURM_CPUS_ON_NODE", "1")
+    # SLURM_TASKS_PER_NODE looks like "2(x3),1": take the first node's count
+    per_node = (env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
+                or env.get("SLURM_CPUS_ON_NODE", "1"))
     slots = int(per_node) if per_node.isdigit() else 1
     return [f"{n}:{slots}" for n in names]
 

@@ -154,6 +154,8 @@ def test_slurm_allocation_gives_the_hosts():
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nodeA,nodeB", "SLURM_NTASKS_PER_NODE": "4"}
     assert scaling.slurm_hosts(env) == ["nodeA:4", "nodeB:4"]
     assert scaling.slurm_hosts({}) == []
+    env2 = {"SLURM_JOB_ID": "8", "SLURM_JOB_NODELIST": "n1,n2", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert scaling.slurm_hosts(env2) == ["n1:2", "n2:2"]
     cmd = scaling.build_command(8, launcher="auto", env=env)
     assert cmd[cmd.index("-H") + 1] == "nodeA:4,nodeB:4"
 
@@ -288,3 +290,19 @@ def test_explorer_widget_reports_the_model(capsys):
     text = "".join(o.get("text", "") for o in out.outputs) + capsys.readouterr().out
     row = scaling.predict([64], model="resnet101", gpu="P100", network="25GbE (RoCE)").iloc[0]
     assert f"efficiency {row.efficiency:.0%}" in text
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_interrupt_kills_every_rank(tmp_path):
+    """The notebook's stop button is a KeyboardInterrupt in the loop that streams progress."""
+    marker = uuid.uuid4().hex
+
+    def stop_button(info):
+        raise KeyboardInterrupt
+
+    args = scaling.train_args(**{**TINY, "steps": 2, "repeats": 50}, extra=["--progress-every", "1"])
+    with pytest.raises(KeyboardInterrupt):
+        scaling.launch(2, args, timeout=240, progress=stop_button, out_dir=tmp_path, marker=marker)
+    assert _leftovers(marker, str(tmp_path)) == []
