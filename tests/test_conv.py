@@ -216,9 +216,11 @@ def test_chunk_size_bounds_peak_memory():
     full_cols = 4 * 32 * 32 * 9 * 16 * 4  # bytes of the whole im2col matrix
     tracemalloc.start()
     try:
+        conv._local.__dict__.pop("buffers", None)  # no scratch buffers kept from earlier calls: count them all
         conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=256, threads=1)
         peak_chunked = tracemalloc.get_traced_memory()[1]
         tracemalloc.reset_peak()
+        conv._local.__dict__.pop("buffers", None)
         conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=None)
         peak_whole = tracemalloc.get_traced_memory()[1]
     finally:
