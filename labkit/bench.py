@@ -62,7 +62,14 @@ def _calibrate(fn, warmup: int, min_time: float) -> int:
         start = time.perf_counter()
         fn()
         elapsed = time.perf_counter() - start
-    return max(1, math.ceil(min_time / max(elapsed, 1e-9)))
+    if elapsed >= min_time:
+        return 1
+    number = 1  # a short call: time growing batches of calls (like timeit.autorange), one preemption can't fool it
+    while True:
+        batch = _time_once(fn, number) * number
+        if batch >= min_time / 5 or number >= 10**6:
+            return max(1, math.ceil(min_time * number / max(batch, 1e-9)))
+        number *= 10
 
 
 def _time_once(fn, number: int) -> float:
