@@ -55,43 +55,46 @@ class Timing:
         return f"{self.median * 1e3:.2f} ms ± {self.spread / 2 * 1e3:.2f} ms (median ± IQR/2 of {len(self.times)})"
 
 
-def _calibrate(fn, warmup: int, min_time: float) -> int:
+def _calibrate(fn, warmup: int, min_time: float, clock=time.perf_counter) -> int:
     """Run the warm-up calls; return how many calls one timed repeat needs to last min_time."""
     elapsed = 0.0
     for _ in range(max(warmup, 1)):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
     if elapsed >= min_time:
         return 1
     number = 1  # a short call: time growing batches of calls (like timeit.autorange), one preemption can't fool it
     while True:
-        batch = _time_once(fn, number) * number
+        batch = _time_once(fn, number, clock) * number
         if batch >= min_time / 5 or number >= 10**6:
             return max(1, math.ceil(min_time * number / max(batch, 1e-9)))
         number *= 10
 
 
-def _time_once(fn, number: int) -> float:
-    start = time.perf_counter()
+def _time_once(fn, number: int, clock=time.perf_counter) -> float:
+    start = clock()
     for _ in range(number):
         fn()
-    return (time.perf_counter() - start) / number
+    return (clock() - start) / number
 
 
-def timeit(fn, repeats: int = 5, warmup: int = 1, min_time: float = 0.005) -> Timing:
-    """Time fn(): warm-up calls first (not timed), then `repeats` timed samples of >= min_time s each."""
-    return compare({"fn": fn}, repeats, warmup, min_time)["fn"]
+def timeit(fn, repeats: int = 5, warmup: int = 1, min_time: float = 0.005, clock=time.perf_counter) -> Timing:
+    """Time fn(): warm-up calls first (not timed), then `repeats` timed samples of >= min_time s each.
+
+    clock: time.perf_counter (wall-clock, default) or time.process_time (CPU time of all the process's
+    threads: what the work cost, hardly moved by other programs competing for the cores)."""
+    return compare({"fn": fn}, repeats, warmup, min_time, clock)["fn"]
 
 
-def compare(fns: dict, repeats: int = 5, warmup: int = 1, min_time: float = 0.005) -> dict:
+def compare(fns: dict, repeats: int = 5, warmup: int = 1, min_time: float = 0.005, clock=time.perf_counter) -> dict:
     """Time several callables side by side: {name: Timing}, round-robin in rotating order (02_im2col)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1; got {repeats!r}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0; got {warmup!r}")
     names = list(fns)
-    numbers = {name: _calibrate(fns[name], warmup, min_time) for name in names}
+    numbers = {name: _calibrate(fns[name], warmup, min_time, clock) for name in names}
     times = {name: [] for name in names}
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a garbage collection inside one sample would be charged to whichever method ran
@@ -99,7 +102,7 @@ def compare(fns: dict, repeats: int = 5, warmup: int = 1, min_time: float = 0.00
         for r in range(repeats):
             shift = r % len(names)  # rotate: every method runs after every other one equally often
             for name in names[shift:] + names[:shift]:
-                times[name].append(_time_once(fns[name], numbers[name]))
+                times[name].append(_time_once(fns[name], numbers[name], clock))
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -143,13 +146,14 @@ def describe_machine() -> str:
     return "\n".join(lines)
 
 
-def gemm_rate(m: int = 2048, k: int = 2048, n: int = 2048, repeats: int = 5, dtype=np.float32) -> float:
+def gemm_rate(m: int = 2048, k: int = 2048, n: int = 2048, repeats: int = 5, dtype=np.float32,
+              clock=time.perf_counter) -> float:
     """This machine's GEMM rate in GFLOP/s: median time of np.matmul on (m x k) @ (k x n)."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
     out = np.empty((m, n), dtype)
-    return timeit(lambda: np.matmul(a, b, out=out), repeats=repeats).gflops(2.0 * m * k * n)
+    return timeit(lambda: np.matmul(a, b, out=out), repeats=repeats, clock=clock).gflops(2.0 * m * k * n)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -214,6 +218,8 @@ class BenchResult:
     layers: list = field(default_factory=list)
     load_average: list = field(default_factory=list)  # 1-minute load average before and after the run
     machine_gemm_size: int = 2048
+    threads: dict = field(default_factory=dict)  # {"blas": N, "tf_intra_op": M (0: one per core)}
+    clock: str = "wall"  # "wall": elapsed time; "cpu": CPU time of all threads (GFLOP/s per busy core)
 
     def summary(self) -> dict:
         """Geometric-mean ratios over the 3x3 layers and over the 1x1 layers."""
@@ -264,9 +270,14 @@ class BenchResult:
 
     def __str__(self) -> str:
         lines = [f"conv-bench: profile={self.profile}, batch_size={self.batch_size}, median of {self.repeats} "
-                 f"repeats (warm-up excluded), float32, stride 1, SAME; im2col chunk_size={self.chunk_size}",
+                 f"repeats (warm-up excluded), float32, stride 1, SAME; im2col chunk_size={self.chunk_size}"
+                 + ("; timed by CPU time: GFLOP/s per busy core" if self.clock == "cpu" else ""),
                  self.machine,
                  f"this machine's float32 GEMM ({self.machine_gemm_size}^3): {self.machine_gemm_gflops:.1f} GFLOP/s"]
+        if self.threads:
+            tf_threads = self.threads.get("tf_intra_op")
+            lines.append(f"threads: numpy BLAS and im2col workers {self.threads.get('blas')}, TensorFlow intra-op "
+                         f"{tf_threads or f'{os.cpu_count()} (one per core)'}")
         if self.load_average:
             busy = max(self.load_average) > 1.5 * (os.cpu_count() or 1)
             lines.append(f"load average (1 min) {' -> '.join(f'{v:.1f}' for v in self.load_average)} on "
@@ -328,21 +339,48 @@ def default_settings(profile: str | None = None) -> dict:
 
 
 def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size=None,
-               chunk_size="auto", naive=True, seed=0, progress=None) -> BenchResult:
+               chunk_size="auto", naive=True, seed=0, progress=None, threads=None, cpu_time=False) -> BenchResult:
     """Time conv2d_im2col, tf.nn.conv2d and a bare GEMM of the same M x K x N side by side on each layer,
     and conv2d_naive on one naive_size x naive_size image with a few filters (its speed per FLOP does not
-    depend on the size); defaults come from the profile (02_im2col)."""
-    import tensorflow as tf
+    depend on the size); defaults come from the profile (02_im2col).
 
+    threads=N runs every method on N threads (BLAS, TensorFlow's intra-op pool, conv2d_im2col's workers);
+    threads=1 compares single cores, which stays meaningful on a machine other programs keep busy.
+    TensorFlow's pool can only be sized before its first operation in the process. cpu_time=True times
+    by the process's CPU time (all threads) instead of wall-clock: GFLOP/s per busy core.
+    """
+    import tensorflow as tf
+    from threadpoolctl import threadpool_limits
+
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive int or None; got {threads!r}")
+        if tf.config.threading.get_intra_op_parallelism_threads() != threads:
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(threads)
+            except RuntimeError as err:
+                raise ValueError(f"threads={threads}: TensorFlow's thread pool is already running in this "
+                                 f"process; run `labkit conv-bench --threads {threads}` instead") from err
+        with threadpool_limits(limits=threads, user_api="blas"):
+            return _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time)
+    return _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time)
+
+
+def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf,
+                cpu_time) -> BenchResult:
+    clock = time.process_time if cpu_time else time.perf_counter
     settings = default_settings()
     batch_size = batch_size or settings["batch_size"]
     repeats = repeats or settings["repeats"]
     naive_size = naive_size or settings["naive_size"]
     rng = np.random.default_rng(seed)
     result = BenchResult(profile=config.profile(), batch_size=batch_size, repeats=repeats, chunk_size=chunk_size,
-                         machine_gemm_gflops=gemm_rate(*(settings["gemm_size"],) * 3, repeats=repeats),
+                         machine_gemm_gflops=gemm_rate(*(settings["gemm_size"],) * 3, repeats=repeats, clock=clock),
                          machine=describe_machine(), openblas_env=openblas_env(), blas=blas_info(),
-                         load_average=[_load_average()], machine_gemm_size=settings["gemm_size"])
+                         load_average=[_load_average()], machine_gemm_size=settings["gemm_size"],
+                         threads={"blas": conv.blas_threads(),
+                                  "tf_intra_op": tf.config.threading.get_intra_op_parallelism_threads()},
+                         clock="cpu" if cpu_time else "wall")
     for layer in layers:
         g = layer.geometry(batch_size)
         m, k = g.cols_shape
@@ -360,7 +398,7 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
         }
         # the implementations agree before any of them is timed
         np.testing.assert_allclose(fns["im2col"](), fns["tf"](), rtol=1e-3, atol=1e-3)
-        timings = compare(fns, repeats=repeats)
+        timings = compare(fns, repeats=repeats, clock=clock)
         flops = g.flops(n)
         row = LayerResult(layer.name, layer.kernel, (batch_size, layer.size, layer.size, layer.c_in), (m, k, n),
                           flops / 1e9, {name: t.gflops(flops) for name, t in timings.items()},
@@ -369,7 +407,7 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
         if naive:  # the loops run ~1e4 times slower: time them on one small image and a few filters
             small = min(naive_size, layer.size)
             xs, ws = x[:1, :small, :small], w[..., : settings["naive_c_out"]]
-            t = timeit(lambda: conv.conv2d_naive(xs, ws, 1, "SAME"), repeats=3, min_time=0.0)
+            t = timeit(lambda: conv.conv2d_naive(xs, ws, 1, "SAME"), repeats=3, min_time=0.0, clock=clock)
             row.gflops["naive"] = t.gflops(conv.geometry(xs.shape, layer.kernel, 1, "SAME").flops(ws.shape[3]))
             row.median_ms["naive"], row.spread_ms["naive"] = t.median * 1e3, t.spread * 1e3
             row.naive_shape = xs.shape + (ws.shape[3],)
@@ -436,8 +474,14 @@ def cli_main(argv: list) -> int:
                         help="im2col rows per GEMM: 'auto' (default, about 4 MiB), a number, or 0 = whole batch, one GEMM")
     parser.add_argument("--kernels", default="3,1", help="which layers: '3', '1' or '3,1' (default)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loops")
+    parser.add_argument("--threads", type=int,
+                        help="threads for every method (default: BLAS's and TensorFlow's own); 1 compares single "
+                             "cores")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by CPU time (all threads) instead of wall-clock: GFLOP/s per busy core, "
+                             "hardly moved by other programs; best with --threads 1")
     args = parser.parse_args(argv)
-    for name in ("batch_size", "repeats"):
+    for name in ("batch_size", "repeats", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.chunk_size != "auto":
@@ -457,7 +501,7 @@ def cli_main(argv: list) -> int:
     start = time.perf_counter()
     result = conv_bench(layers=[layer for layer in RESNET50_LAYERS if layer.kernel in kernels],
                         batch_size=args.batch_size, repeats=args.repeats, chunk_size=args.chunk_size,
-                        naive=not args.no_naive,
+                        naive=not args.no_naive, threads=args.threads, cpu_time=args.cpu_time,
                         progress=lambda row: print(f"  {row.layer}: done", file=sys.stderr, flush=True))
     print()
     print(result)

@@ -39,6 +39,12 @@ def test_compare_times_side_by_side_in_rotating_order():
     assert order[3:] == list("abc" "bca" "cab")  # after one warm-up call each
 
 
+def test_cpu_time_clock_ignores_waiting():
+    wall = bench.timeit(lambda: time.sleep(0.02), repeats=3)
+    cpu = bench.timeit(lambda: time.sleep(0.02), repeats=3, clock=time.process_time)
+    assert wall.median >= 0.02 and cpu.median < 0.01  # sleeping costs time, not CPU
+
+
 def test_short_calls_are_repeated_until_measurable():
     t = bench.timeit(lambda: None, repeats=3, min_time=0.002)
     assert t.number > 10
@@ -98,6 +104,16 @@ def test_conv_bench_on_small_layers():
     assert list(result.to_dataframe().index) == ["small 3x3", "small 1x1"]
 
 
+def test_conv_bench_cpu_time_and_bad_threads():
+    layers = [bench.ConvLayer("small 3x3", 8, 4, 6, 3)]
+    result = bench.conv_bench(layers, batch_size=2, repeats=2, naive=False, cpu_time=True)
+    assert result.clock == "cpu" and "CPU time" in str(result) and "naive" not in result.layers[0].gflops
+    assert result.threads["blas"] >= 1
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads"):
+            bench.conv_bench(layers, batch_size=1, repeats=1, threads=bad)
+
+
 def test_chunk_sweep_reports_memory_and_rate():
     layer = bench.ConvLayer("t", 16, 8, 8, 3)
     df = bench.chunk_sweep(layer, chunk_sizes=(16, 64, "auto", None), batch_size=2, repeats=2, threads=1)
@@ -112,7 +128,7 @@ def test_cli_help_and_bad_arguments(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.cli_main(["--help"])
     assert exit_.value.code == 0 and "--json" in capsys.readouterr().out
-    for bad in (["--batch-size", "0"], ["--kernels", "5"], ["--kernels", "x"], ["--chunk-size", "-1"], ["--chunk-size", "x"]):
+    for bad in (["--threads", "0"], ["--batch-size", "0"], ["--kernels", "5"], ["--kernels", "x"], ["--chunk-size", "-1"], ["--chunk-size", "x"]):
         with pytest.raises(SystemExit) as exit_:
             bench.cli_main(bad)
         assert exit_.value.code == 2
@@ -157,3 +173,14 @@ def test_report_names_the_load_and_the_gemm_size():
     assert "(1024^3): 50.0 GFLOP/s" in text
     assert "load average (1 min) 9.0 -> 10.0" in text
     assert ("other programs competed" in text) == (10.0 > 1.5 * os.cpu_count())
+
+
+@pytest.mark.slow
+def test_conv_bench_command_single_core_cpu_time():
+    env = dict(os.environ, LABKIT_PROFILE="quick")
+    proc = subprocess.run([sys.executable, "-m", "labkit", "conv-bench", "--threads", "1", "--cpu-time", "--kernels",
+                           "3", "--no-naive", "--batch-size", "1", "--repeats", "2"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "BLAS and im2col workers 1, TensorFlow intra-op 1" in proc.stdout and "CPU time" in proc.stdout
+    assert proc.stdout.count(" 3x3 ") >= 4
