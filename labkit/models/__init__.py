@@ -2,7 +2,7 @@
 
 `get(name, input_shape=None, classes=1000)` builds a Keras model with weights=None. The builders live in
 submodules that each register theirs in a dict called MODELS:
-  labkit.models.imagenet - AlexNet (2012 grouped and single-tower), VGG-11..19, ResNet-18..152
+  labkit.models.imagenet - AlexNet (2012 grouped and single-tower), VGG-11..19, ResNet-18..152, resnet50_v1.5
   labkit.models.cifar    - seed 000's sweep family and seed 002's conv-block network
 """
 from __future__ import annotations
@@ -31,11 +31,16 @@ def names() -> list[str]:
     return sorted(registry())
 
 
-def get(name: str, input_shape=None, classes: int = 1000, **kwargs):
-    """Build the named model (weights=None). Unknown names raise ValueError listing the valid ones."""
+def get(name: str, input_shape=None, classes: int | None = None, **kwargs):
+    """Build the named model (weights=None). Unknown names raise ValueError listing the valid ones.
+
+    classes=None keeps the model's own default: 1000 for the ImageNet networks, 10 for the CIFAR-10 ones.
+    """
     models = registry()
     if not isinstance(name, str) or name not in models:
         raise ValueError(f"model name must be one of {', '.join(sorted(models))}; got {name!r}")
+    if classes is None:
+        return models[name](input_shape=input_shape, **kwargs)
     if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
         raise ValueError(f"classes must be a positive int; got {classes!r}")
     return models[name](input_shape=input_shape, classes=classes, **kwargs)
