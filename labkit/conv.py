@@ -397,11 +397,13 @@ def _run_parallel(work, workers: int):
 
 def plan(g: ConvGeometry, chunk_size, threads=None) -> tuple:
     """(chunks, workers) conv2d_im2col uses: chunk_size already resolved to rows or None."""
-    if threads is None:
-        threads = blas_threads() if chunk_size is not None else 1
-        threads = max(1, min(threads, g.cols_shape[0] // PARALLEL_MIN_ROWS))
-    elif isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)) or threads < 1:
+    if threads is not None and (isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer))
+                                or threads < 1):
         raise ValueError(f"threads must be a positive int or None; got {threads!r}")
+    if chunk_size is None:  # the textbook version: the whole matrix, one GEMM on BLAS's own threads
+        return [(0, g.n, 0, g.h_out)], 1
+    if threads is None:
+        threads = max(1, min(blas_threads(), g.cols_shape[0] // PARALLEL_MIN_ROWS))
     chunks = _chunks(g, chunk_size, threads)
     return chunks, min(threads, len(chunks))
 

@@ -243,7 +243,8 @@ def test_small_problems_use_blas_threads_large_ones_worker_threads(monkeypatch):
     large = conv.geometry((8, 56, 56, 64), 3, 1, "SAME")
     chunks, workers = conv.plan(large, 1820)
     assert workers == 2 and len(chunks) % 2 == 0
-    assert conv.plan(large, None)[1] == 1  # chunk_size=None: exactly one GEMM
+    assert conv.plan(large, None) == ([(0, 8, 0, 56)], 1)  # chunk_size=None: exactly one GEMM
+    assert conv.plan(large, None, threads=2) == ([(0, 8, 0, 56)], 1)
     assert conv.plan(small, 20, threads=2)[1] == 2  # explicit threads are honoured
 
 
