@@ -400,7 +400,7 @@ def plot_misclassified(x, evaluation: Evaluation, class_names=None, n=12):
     names = class_names or [str(i) for i in range(evaluation.confusion.shape[0])]
     cols = min(6, max(len(idx), 1))
     rows = max(1, math.ceil(len(idx) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.1 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 2.5 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, i in zip(axes.flat, idx):
