@@ -611,7 +611,7 @@ class Seed000Trainer:
         settings = dict(lr=opts["lr"], l2=opts["l2"], batch_size=opts["batch_size"])
         settings.update(config.by_profile(
             quick=dict(epochs=1, train_size=1000, test_size=500, batch_size=25),
-            workshop=dict(epochs=3, train_size=2000, test_size=1000, batch_size=50),
+            workshop=dict(epochs=3, train_size=2000, test_size=1000, batch_size=25),
             full=dict(epochs=opts["epochs"], train_size=opts["n_train"], test_size=opts["n_test"]),
             name=name))
         settings.update(overrides)
@@ -636,9 +636,11 @@ class Seed000Trainer:
         config.set_seed(self.seed)
         model = seed000_net(**cfg, input_shape=tuple(x_train.shape[1:]), classes=int(y_train.max()) + 1)
         steps = -(-len(x_train) // self.batch_size)
-        # seed 000 drops the LR x0.1 at 3/4 of its epochs (30 of 40)
+        # seed 000 drops the LR x0.1 at 3/4 of its epochs (30 of 40); runs of a few epochs never get far
+        # enough for a drop to help, so they keep the LR constant
+        drop_period = (3 * self.epochs) // 4 if self.epochs >= 8 else self.epochs
         training.compile_sgdm(model, lr=self.lr, momentum=0.9, l2=self.l2, steps_per_epoch=steps,
-                              drop_period=max(1, (3 * self.epochs) // 4))
+                              drop_period=drop_period)
         start = time.perf_counter()
         model.fit(x_train, y_train, batch_size=self.batch_size, epochs=self.epochs, verbose=0, shuffle=True)
         train_time = time.perf_counter() - start
