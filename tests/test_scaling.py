@@ -306,3 +306,11 @@ def test_interrupt_kills_every_rank(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         scaling.launch(2, args, timeout=240, progress=stop_button, out_dir=tmp_path, marker=marker)
     assert _leftovers(marker, str(tmp_path)) == []
+
+
+def test_missing_horovod_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(scaling, "horovodrun_path", lambda: None)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(FileNotFoundError, match="make setup"):
+        scaling.build_command(2, launcher="gloo")
+    assert scaling.build_command(2, launcher="srun")[0] == "srun"  # srun needs no horovodrun
