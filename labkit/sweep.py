@@ -561,7 +561,7 @@ def plot_pareto(df, ax=None, label_points=True):
     ax.set_xlabel("memory footprint (KB, 4 bytes x learnable parameters)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Accuracy against memory footprint")
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     return ax
 
 
