@@ -5,8 +5,6 @@ ranks end with equal weight checksums, the control without DistributedOptimizer 
 a crashed rank and a hung rank, both of which must leave no process behind.
 """
 import json
-import math
-import os
 import time
 import uuid
 
