@@ -80,6 +80,24 @@ def slurm_hosts(env=None) -> list[str]:
     return [f"{n}:{slots}" for n in names]
 
 
+def take_slots(hosts, np_: int) -> list[str]:
+    """The first np_ slots of 'host:slots' entries.
+
+    horovodrun's Gloo launcher starts a rank in EVERY slot it is given, whatever -np says, so np=1 inside
+    a 2-task allocation must be handed 'node:1', not 'node:2'.
+    """
+    taken, left = [], np_
+    for entry in hosts:
+        name, _, slots = entry.rpartition(":")
+        n = min(int(slots) if name else 1, left)
+        if n > 0:
+            taken.append(f"{name or slots}:{n}")
+            left -= n
+    if left > 0:
+        raise ValueError(f"np={np_} needs more slots than the hosts offer ({','.join(hosts)})")
+    return taken
+
+
 def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=None, python=None,
                   env=None) -> list[str]:
     """The command line that starts np_ ranks of labkit.hvd_train.
@@ -101,6 +119,7 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
                                 "build Horovod with `make setup` (see `labkit doctor`)")
     if hosts is None:
         hosts = slurm_hosts(env) or [f"localhost:{np_}"]
+    hosts = take_slots(hosts, np_)
     return [exe, "-np", str(np_), "-H", ",".join(hosts), "--mpi" if launcher == "mpi" else "--gloo", *worker]
 
 

@@ -312,3 +312,13 @@ def test_missing_horovod_says_what_to_do(monkeypatch):
     with pytest.raises(FileNotFoundError, match="make setup"):
         scaling.build_command(2, launcher="gloo")
     assert scaling.build_command(2, launcher="srun")[0] == "srun"  # srun needs no horovodrun
+
+
+def test_take_slots_hands_horovodrun_exactly_np_slots():
+    # horovodrun --gloo starts a rank in every slot it is given: np=1 on a 2-slot node must get node:1
+    assert scaling.take_slots(["node1:2"], 1) == ["node1:1"]
+    assert scaling.take_slots(["node1:2", "node2:2"], 3) == ["node1:2", "node2:1"]
+    assert scaling.take_slots(["node1:4"], 4) == ["node1:4"]
+    assert scaling.take_slots(["node1"], 1) == ["node1:1"]
+    with pytest.raises(ValueError, match="np=5"):
+        scaling.take_slots(["node1:2", "node2:2"], 5)
