@@ -86,7 +86,9 @@ def main(argv=None) -> int:
             elapsed, peak = run_notebook(path, write=not args.no_write, timeout=args.timeout)
         except Exception as err:  # report and go on: the dry run should list every broken notebook
             failed.append(path.name)
-            print(f"{path.name:<32} FAILED: {type(err).__name__}: {str(err).splitlines()[-1] if str(err) else ''}")
+            # nbclient's CellExecutionError carries the kernel's exception name and value
+            what = f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}"
+            print(f"{path.name:<32} FAILED: {what}")
             continue
         total += elapsed
         print(f"{path.name:<32} {elapsed:>8.1f} s {peak / 2**20:>7.0f} MiB", flush=True)
