@@ -109,18 +109,11 @@ def parse_check_build(text: str) -> dict:
     return out
 
 
-def _horovodrun() -> str | None:
-    """$LABKIT_HOROVODRUN (a site's module-loaded Horovod), else the one beside this Python, else PATH."""
-    override = os.environ.get("LABKIT_HOROVODRUN", "").strip()
-    if override:
-        return override if Path(override).exists() else None
-    local = Path(sys.executable).with_name("horovodrun")
-    return str(local) if local.exists() else shutil.which("horovodrun")
-
-
 def _horovod_check(report: Report) -> Check:
     fix = "build it: `make setup` (or scripts/build-horovod.sh inside your environment)"
-    exe = _horovodrun()
+    from labkit.scaling import horovodrun_path  # the same lookup the launcher uses
+
+    exe = horovodrun_path()
     if exe is None:
         return Check("horovod", False, "not installed", fix)
     try:

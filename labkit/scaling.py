@@ -57,7 +57,11 @@ class HorovodRunError(RuntimeError):
 # 1. launching
 
 def horovodrun_path() -> str | None:
-    """The horovodrun of this Python environment (next to sys.executable), else the one on PATH."""
+    """$LABKIT_HOROVODRUN (a site's module-loaded Horovod), else the horovodrun of this Python environment
+    (next to sys.executable), else the one on PATH; None when there is none."""
+    override = os.environ.get("LABKIT_HOROVODRUN", "").strip()
+    if override:
+        return override if Path(override).exists() else None
     local = Path(sys.executable).with_name("horovodrun")
     return str(local) if local.exists() else shutil.which("horovodrun")
 
