@@ -12,15 +12,12 @@ Chromium or Playwright is missing or Chromium cannot start, and says which.
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import http_get, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
@@ -78,25 +75,10 @@ def chromium_path() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_json(url, token):
     req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
-
-
-def http_status(url, token=None) -> int:
-    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status
-    except urllib.error.HTTPError as err:
-        return err.code
 
 
 @pytest.fixture
@@ -124,7 +106,7 @@ def browser():
 @pytest.fixture
 def lab(isolated_home):
     """`scripts/lab.sh --port N --no-browser` with a known token; yields (base URL, token)."""
-    port, token = free_port(), "labkit-browser-" + os.urandom(8).hex()
+    token = "labkit-browser-" + os.urandom(8).hex()
     # In the temporary settings dir only: no news pop-up over the notebook, no autosave (the test runs a
     # committed notebook and must not write its outputs back into the repository), no cell windowing
     settings = isolated_home / ".jupyter/lab/user-settings/@jupyterlab"
@@ -134,37 +116,12 @@ def lab(isolated_home):
         path = settings / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(value))
-    env = dict(os.environ, JUPYTER_TOKEN=token)
+    env = dict(os.environ)
     env.pop("MPLBACKEND", None)  # tests run with Agg; a learner's kernel draws inline figures
-    log = open(isolated_home / "lab.log", "w")
-    proc = subprocess.Popen(["bash", str(ROOT / "scripts/lab.sh"), "--port", str(port), "--no-browser"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{(isolated_home / 'lab.log').read_text()}")
-            try:
-                if http_status(base + "/api/status", token) == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail("JupyterLab did not answer within 90 s")
-            time.sleep(0.3)
+    with running_lab(isolated_home, token, env=env) as (_, base):
         autosave = http_json(f"{base}/lab/api/settings/@jupyterlab/docmanager-extension:plugin", token)
         assert autosave["settings"]["autosave"] is False, "autosave is on: the test would write into notebooks/"
         yield base, token
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the server and the kernels it started
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def wait_until(fn, timeout, what, poll=0.25):
@@ -181,7 +138,7 @@ def wait_until(fn, timeout, what, poll=0.25):
 def test_explorer_runs_and_reacts_to_its_slider_in_chromium(browser, lab, tmp_path):
     base, token = lab
     notebook, index = pick_notebook()
-    assert http_status(f"{base}/api/contents/{notebook}") == 403  # no token, no notebook
+    assert http_get(f"{base}/api/contents/{notebook}")[0] == 403  # no token, no notebook
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors = []
     page.on("pageerror", lambda err: errors.append(str(err)))

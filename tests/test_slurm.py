@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -55,12 +56,6 @@ SchedulerParameters=sched_min_interval=0
 NodeName=localhost CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LoopbackSlurm:

@@ -1,0 +1,67 @@
+"""Helpers shared by the tests that start real servers (JupyterLab, Slurm)."""
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, token=None) -> tuple[int, bytes]:
+    """(status, body); an HTTP error status is returned, not raised."""
+    req = urllib.request.Request(url, headers={"Authorization": f"token {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+@contextlib.contextmanager
+def running_lab(home: Path, token: str, env=None, timeout: float = 90):
+    """`scripts/lab.sh --port N --no-browser`, as `make lab` starts it, with JUPYTER_TOKEN=token.
+
+    Yields (process, base URL) once /api/status answers; stops the server's whole process group (it and
+    the kernels it started) on exit. The server's output goes to home/lab.log.
+    """
+    port = free_port()
+    env = dict(os.environ if env is None else env, JUPYTER_TOKEN=token)
+    log_path = home / "lab.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["bash", str(ROOT / "scripts/lab.sh"), "--port", str(port), "--no-browser"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + timeout
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{log_path.read_text()}")
+                try:
+                    if http_get(base + "/api/status", token)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if time.time() > deadline:
+                    pytest.fail(f"JupyterLab did not answer within {timeout:.0f} s")
+                time.sleep(0.3)
+            yield proc, base
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
