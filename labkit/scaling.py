@@ -148,6 +148,17 @@ def marked_processes(marker: str) -> list:
     return found
 
 
+def _kill_and_wait(procs, grace: float) -> None:
+    """SIGKILL each of procs (already gone is fine) and wait up to grace seconds for them."""
+    import psutil
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=grace)
+
+
 def kill_tree(proc, marker: str | None = None, grace: float = 3.0) -> int:
     """Terminate proc, its process group, all its descendants and every marked process; returns how many."""
     import psutil
@@ -171,20 +182,9 @@ def kill_tree(proc, marker: str | None = None, grace: float = 3.0) -> int:
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    _kill_and_wait(alive, grace)
     if marker:  # anything started while we were killing (a middleman's late child)
-        late = marked_processes(marker)
-        for p in late:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(late, timeout=grace)
+        _kill_and_wait(marked_processes(marker), grace)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:  # pragma: no cover
