@@ -5,9 +5,10 @@ outputs; labkit.quiet() does the same for TensorFlow's Python-side warnings once
 """
 import os as _os
 
-# Must be set before TensorFlow is imported anywhere in the process (00_welcome).
+# Must be set before TensorFlow is imported anywhere in the process (00_welcome). Only the log level:
+# TensorFlow's performance features (oneDNN included) stay as a user runs them; the oneDNN start-up line is
+# an INFO log, which level 2 already hides.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-_os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # no oneDNN banner, bit-stable CPU results
 
 __version__ = "0.1.0"
 

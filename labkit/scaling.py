@@ -232,8 +232,7 @@ def launch(np_: int, script_args=(), *, launcher="auto", timeout: float = 300, p
     cmd = build_command(np_, args, launcher=launcher)
     marker = marker or uuid.uuid4().hex
     env = dict(os.environ)
-    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", MARKER_ENV: marker,
-                "TF_ENABLE_ONEDNN_OPTS": env.get("TF_ENABLE_ONEDNN_OPTS", "0")})
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", MARKER_ENV: marker})
     if launcher == "mpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
