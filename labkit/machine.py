@@ -1,0 +1,221 @@
+"""The one home of machine facts: usable cores, thread limits, numpy's BLAS, TensorFlow's oneDNN switch.
+
+    from labkit import machine
+    machine.cores()              # CPU cores this process may use (affinity mask and cgroup quota)
+    machine.limit_threads(2)     # BLAS/OpenMP pools and TensorFlow's pools, before TF's first op
+    print(machine.describe())    # CPU, cores, BLAS and its kernel, TensorFlow version, oneDNN on/off
+
+Nothing here imports TensorFlow at import time; only limit_threads(tensorflow=True) and
+tf_onednn_enabled() load it, when called. (00_welcome)
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                   "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cores
+
+
+def _affinity_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def cgroup_cpu_limit(root: Path | str = _CGROUP_ROOT) -> float | None:
+    """The CPU quota of this process's cgroup in cores (e.g. 1.5), or None when there is no quota.
+
+    cgroup v2: cpu.max holds "quota period" or "max period"; cgroup v1: cpu.cfs_quota_us (-1 = none) and
+    cpu.cfs_period_us. A container started with --cpus=2 on a 64-core host has affinity 64 but quota 2."""
+    root = Path(root)
+    try:
+        text = (root / "cpu.max").read_text().split()
+        if text and text[0] != "max":
+            return int(text[0]) / int(text[1])
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def cores() -> int:
+    """CPU cores this process may use: its affinity mask, capped by its cgroup's CPU quota (rounded up). (00_welcome)"""
+    return _usable_cores()
+
+
+def _usable_cores() -> int:
+    n = _affinity_cores()
+    quota = cgroup_cpu_limit()
+    if quota is not None:
+        n = min(n, max(1, math.ceil(quota)))
+    return max(1, n)
+
+
+def default_threads(cores: int | None = None, local_size: int = 1) -> int:
+    """Threads per rank: the usable cores split evenly among the `local_size` ranks on this host, never 0. (04_horovod_scaling)"""
+    if local_size is None or isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
+        raise ValueError(f"local_size must be an int >= 1; got {local_size!r}")
+    if cores is None:
+        cores = _usable_cores()
+    elif isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"cores must be an int >= 1; got {cores!r}")
+    return max(1, cores // local_size)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Thread limits
+
+
+_THREADPOOL_LIMITS = None  # keeps threadpoolctl's limit alive for the process's lifetime
+
+
+def limit_threads(threads: int, tensorflow: bool = True) -> None:
+    """Pin this process to `threads` compute threads: OpenMP/BLAS pools and, if asked, TensorFlow's.
+
+    Call before TensorFlow runs its first op (a spawned worker's start-up); afterwards TF's pools are fixed.
+    (05_network_sweep)"""
+    global _THREADPOOL_LIMITS
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be a positive int; got {threads!r}")
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = str(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+
+        _THREADPOOL_LIMITS = threadpool_limits(limits=threads)
+    except ImportError:  # the environment variables still apply to libraries loaded later
+        pass
+    if tensorflow:
+        import labkit  # noqa: F401  (TF log level before TF)
+        import tensorflow as tf
+
+        labkit.quiet()
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def thread_report() -> dict:
+    """This process's thread limits now: env vars, BLAS pools, TensorFlow's pools (if TF is imported). (05_network_sweep)"""
+    report = {var: os.environ.get(var) for var in THREAD_ENV_VARS}
+    try:
+        from threadpoolctl import threadpool_info
+
+        report["blas_threads"] = [info["num_threads"] for info in threadpool_info()]
+    except ImportError:
+        report["blas_threads"] = []
+    if "tensorflow" in sys.modules:
+        tf = sys.modules["tensorflow"]
+        report["tf_intra_op"] = tf.config.threading.get_intra_op_parallelism_threads()
+        report["tf_inter_op"] = tf.config.threading.get_inter_op_parallelism_threads()
+    return report
+
+
+# ----------------------------------------------------------------------------------------------------
+# BLAS and oneDNN
+
+
+def blas_info() -> list:
+    """threadpoolctl's view of numpy's BLAS: library, version, kernel ('architecture'), threads. (02_im2col)"""
+    import numpy  # noqa: F401  (loads the BLAS so threadpoolctl can see it)
+    from threadpoolctl import threadpool_info
+
+    return [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+
+
+def openblas_env() -> dict:
+    """The OpenBLAS variables that pin its kernel choice: {name: value or None when unset}. (02_im2col)"""
+    return {name: os.environ.get(name) for name in OPENBLAS_VARS}
+
+
+def onednn_rule(env=None, machine_arch: str | None = None, system: str | None = None) -> bool:
+    """TensorFlow 2.15's rule for its oneDNN kernels, without importing it: TF_ENABLE_ONEDNN_OPTS=0/false
+    switches them off, 1/true on; unset (or any other value) leaves TF's default, on for x86-64 Linux and
+    Windows builds. (02_im2col)"""
+    env = os.environ if env is None else env
+    value = (env.get("TF_ENABLE_ONEDNN_OPTS") or "").strip().lower()
+    if value in ("0", "false"):
+        return False
+    if value in ("1", "true"):
+        return True
+    arch = (machine_arch or platform.machine()).lower()
+    system = system or platform.system()
+    return arch in ("x86_64", "amd64") and system in ("Linux", "Windows")
+
+
+def tf_onednn_enabled() -> bool:
+    """Whether TensorFlow runs its oneDNN kernels in this process: asked of TensorFlow itself (its
+    IsMklEnabled), or by onednn_rule() when TensorFlow is not installed. Imports TensorFlow. (02_im2col)"""
+    try:
+        import labkit
+
+        labkit.quiet()
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return onednn_rule()
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), or platform.processor()."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe(tensorflow: bool = True) -> str:
+    """Lines naming the CPU, usable cores, numpy's BLAS and kernel, the OpenBLAS pins, TensorFlow and
+    whether its oneDNN kernels are on (tensorflow=False: skip TF, so no TF import). (02_im2col)"""
+    lines = [f"CPU: {cpu_model()}; {cores()} usable cores of {os.cpu_count()}"]
+    try:
+        libs = blas_info()
+    except ImportError:
+        libs = []
+    for lib in libs:
+        lines.append(f"numpy BLAS: {lib.get('internal_api')} {lib.get('version')}, kernel "
+                     f"{lib.get('architecture', '?')}, {lib.get('num_threads')} threads "
+                     f"({lib.get('threading_layer', '?')}), {os.path.basename(lib.get('filepath', ''))}")
+    if not libs:
+        lines.append("numpy BLAS: not visible to threadpoolctl")
+    pinned = {k: v for k, v in openblas_env().items() if v is not None}
+    if pinned:
+        lines.append("OpenBLAS kernel pinned by " + ", ".join(f"{k}={v}" for k, v in pinned.items())
+                     + " (for a fair run: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE labkit conv-bench)")
+    else:
+        lines.append("OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset: OpenBLAS picked its own kernel")
+    if tensorflow:
+        try:
+            import labkit
+
+            labkit.quiet()
+            import tensorflow as tf
+
+            version = tf.__version__
+        except ImportError:
+            version = None
+        if version is None:
+            lines.append("TensorFlow: not installed")
+        else:
+            on = tf_onednn_enabled()
+            lines.append(f"TensorFlow {version}: oneDNN kernels {'on' if on else 'off'} "
+                         f"(TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')})")
+    return "\n".join(lines)
