@@ -111,7 +111,7 @@ def parse_check_build(text: str) -> dict:
 
 def _horovod_check(report: Report) -> Check:
     fix = "build it: `make setup` (or scripts/build-horovod.sh inside your environment)"
-    from labkit.scaling import horovodrun_path  # the same lookup the launcher uses
+    from labkit.launch import horovodrun_path  # the same lookup the launcher uses
 
     exe = horovodrun_path()
     if exe is None:
