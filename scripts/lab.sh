@@ -3,7 +3,11 @@
 #
 #   scripts/lab.sh [--port N] [--no-browser]    (make lab runs setup first, then this)
 #
-# The token is $JUPYTER_TOKEN if set, else a fresh random one; the URL with it is printed.
+# The token is $JUPYTER_TOKEN if set, else a fresh random one. It reaches the server through its
+# environment only (a command line is visible to every user in `ps`), and scripts/jupyter/
+# jupyter_server_config.py removes it from the server's environment so kernels never inherit it.
+# Without a display, the URL with the token is printed to your terminal only; the server's own log
+# shows it masked (token=...). `jupyter server list` also shows it, to you alone.
 # On an HPC compute node, reach it through an SSH tunnel (docs/instructors.md); do not bind 0.0.0.0.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,16 +16,32 @@ venv="${LABKIT_VENV:-$here/.venv}"
 port=8888; browser=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --port) port="$2"; shift 2 ;;
+    --port)
+      case "${2:-}" in
+        ''|*[!0-9]*) echo "lab: --port expects a port number, got '${2:-}'" >&2; exit 2 ;;
+      esac
+      port="$2"; shift 2 ;;
     --no-browser) browser=(--no-browser); shift ;;
     *) echo "lab: unknown option $1 (expected --port N, --no-browser)" >&2; exit 2 ;;
   esac
 done
 [ -n "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ] || [ "$(uname)" = Darwin ] || browser=(--no-browser)
 export JUPYTER_TOKEN="${JUPYTER_TOKEN:-$("$venv/bin/python" -c 'import secrets; print(secrets.token_hex(24))')}"
+export JUPYTER_CONFIG_PATH="$here/scripts/jupyter${JUPYTER_CONFIG_PATH:+:$JUPYTER_CONFIG_PATH}"
 root=(); [ "$(id -u)" = 0 ] && root=(--allow-root)   # JupyterLab refuses root without it (containers, CI)
+
+if [ ${#browser[@]} -gt 0 ]; then
+  url="http://127.0.0.1:$port/lab?token=$JUPYTER_TOKEN"
+  if [ -t 1 ]; then
+    printf 'lab: open %s\n' "$url"
+  elif { printf 'lab: open %s\n' "$url" >/dev/tty; } 2>/dev/null; then
+    :
+  else
+    echo "lab: serving http://127.0.0.1:$port/lab ; the URL with its token: $venv/bin/jupyter server list"
+  fi
+fi
 cd "$here"
 exec "$venv/bin/jupyter" lab notebooks/00_welcome.ipynb \
   --ServerApp.ip=127.0.0.1 --ServerApp.port="$port" --ServerApp.port_retries=0 \
   --ServerApp.root_dir="$here" --ServerApp.allow_remote_access=False \
-  --IdentityProvider.token="$JUPYTER_TOKEN" "${browser[@]}" "${root[@]}"
+  ${browser[@]+"${browser[@]}"} ${root[@]+"${root[@]}"}

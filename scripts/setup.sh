@@ -74,7 +74,7 @@ if [ "$pyver" != 3.11 ]; then
   sed -i -E '/^(tensorflow|keras|numpy)/!s/==.*//' "$reqs"
 fi
 say "installing the pinned stack (TensorFlow $tf_version, JupyterLab, nbval, ...)"
-pip_install -r "$reqs" "${lock[@]}"
+pip_install -r "$reqs" ${lock[@]+"${lock[@]}"}
 PYTHON="$py" scripts/build-horovod.sh
 pip_install --no-deps -e .
 "$py" -m ipykernel install --sys-prefix --name labkit --display-name "labkit (Python $pyver)" >/dev/null

@@ -2,6 +2,7 @@
 # Install the Debian packages that the browser and Slurm tests drive (make test runs this before pytest):
 #   chromium                                  tests/test_browser.py  (headless JupyterLab)
 #   slurmctld slurmd slurm-client munge       tests/test_slurm.py    (single-node Slurm on loopback)
+#   shellcheck                                tests/test_shell.py    (lints every shell script)
 #
 #   scripts/system-deps.sh            install what is missing (root + apt-get only); fast when all present
 #   LABKIT_SYSTEM_DEPS=0 make test    skip this step entirely
@@ -16,18 +17,19 @@ say() { printf 'system-deps: %s\n' "$*"; }
 
 PATH="$PATH:/usr/sbin:/sbin"
 # command -> package that provides it
-need=(chromium:chromium slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge mungekey:munge)
+need=(chromium:chromium slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge mungekey:munge
+      shellcheck:shellcheck)
 missing=()
-for pair in "${need[@]}"; do
+for pair in ${need[@]+"${need[@]}"}; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  say "chromium, slurm and munge present"
+  say "chromium, slurm, munge and shellcheck present"
   exit 0
 fi
 # unique, in order
-pkgs=$(printf '%s\n' "${missing[@]}" | awk '!seen[$0]++' | tr '\n' ' '); pkgs="${pkgs% }"
-hint="the browser/Slurm tests will skip; to run them: sudo apt-get install -y --no-install-recommends $pkgs"
+pkgs=$(printf '%s\n' ${missing[@]+"${missing[@]}"} | awk '!seen[$0]++' | tr '\n' ' '); pkgs="${pkgs% }"
+hint="the browser/Slurm/shellcheck tests will skip; to run them: sudo apt-get install -y --no-install-recommends $pkgs"
 
 if [ "$(id -u)" != 0 ]; then say "not root, not installing $pkgs; $hint"; exit 0; fi
 command -v apt-get >/dev/null 2>&1 || { say "no apt-get (not Debian/Ubuntu), not installing $pkgs; the browser/Slurm tests will skip"; exit 0; }

@@ -30,19 +30,34 @@ def http_get(url, token=None) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
+def http_post(url, token=None, body: bytes = b"{}") -> tuple[int, bytes]:
+    """(status, body) of a JSON POST; an HTTP error status is returned, not raised."""
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"token {token}"
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
 @contextlib.contextmanager
-def running_lab(home: Path, token: str, env=None, timeout: float = 90):
+def running_lab(home: Path, token: str, env=None, timeout: float = 90, stdout=None):
     """`scripts/lab.sh --port N --no-browser`, as `make lab` starts it, with JUPYTER_TOKEN=token.
 
     Yields (process, base URL) once /api/status answers; stops the server's whole process group (it and
-    the kernels it started) on exit. The server's output goes to home/lab.log.
+    the kernels it started) on exit. The server's output goes to home/lab.log (stdout too, unless a file
+    object or descriptor is given for it, e.g. a pseudo-terminal standing in for the learner's terminal).
     """
     port = free_port()
     env = dict(os.environ if env is None else env, JUPYTER_TOKEN=token)
     log_path = home / "lab.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(["bash", str(ROOT / "scripts/lab.sh"), "--port", str(port), "--no-browser"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=env, stdout=log if stdout is None else stdout, stderr=log,
+                                start_new_session=True)
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + timeout

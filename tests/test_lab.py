@@ -1,10 +1,15 @@
-"""The open-the-course command serves JupyterLab on 127.0.0.1 only, and refuses requests without the token."""
+"""The open-the-course command serves JupyterLab on 127.0.0.1 only, refuses requests without the token, and
+never shows the token to other users: not on a command line (`ps`), not in a kernel's environment, not in
+the server's log; without a display, the URL with the token goes to the learner's terminal only."""
 import json
 import os
+import pty
+import time
 
 import psutil
 import pytest
 from helpers import http_get as get
+from helpers import http_post as post
 from helpers import running_lab
 
 pytestmark = pytest.mark.server
@@ -33,3 +38,61 @@ def test_bound_to_loopback_only(lab):
     listening = [c.laddr for c in server.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert listening, "JupyterLab has no listening socket"
     assert {addr.ip for addr in listening} == {"127.0.0.1"}
+
+
+def test_post_without_token_is_refused(lab):
+    _, base, _ = lab
+    assert post(base + "/api/kernels", None, b'{"name": "python3"}')[0] == 403  # no token, no XSRF cookie
+
+
+def wait_for_kernel(server: psutil.Process, timeout=60) -> psutil.Process:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for child in server.children(recursive=True):
+            try:
+                if "ipykernel" in " ".join(child.cmdline()):
+                    return child
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.2)
+    pytest.fail("the kernel process did not appear")
+
+
+def test_token_is_on_no_command_line_and_not_in_the_kernels_environment(lab, isolated_home):
+    proc, base, token = lab
+    status, body = post(base + "/api/kernels", token, b'{"name": "python3"}')
+    assert status == 201, body
+    server = psutil.Process(proc.pid)
+    kernel = wait_for_kernel(server)
+    for p in [server, *server.children(recursive=True)]:
+        with open(f"/proc/{p.pid}/cmdline", "rb") as f:  # what `ps` shows every user
+            assert token.encode() not in f.read(), f"token on the command line of {p.pid}"
+    with open(f"/proc/{kernel.pid}/environ", "rb") as f:
+        environ = f.read()
+    assert b"JUPYTER_TOKEN" not in environ and token.encode() not in environ
+    assert token not in (isolated_home / "lab.log").read_text()  # the server's log shows it masked
+
+
+def test_headless_lab_prints_the_url_with_its_token_to_the_terminal_only(isolated_home):
+    token = "labkit-tty-" + os.urandom(8).hex()
+    master, terminal = pty.openpty()  # the learner's terminal, no display
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    try:
+        with running_lab(isolated_home, token, env=env, stdout=terminal) as (_, base):
+            shown = b""
+            deadline = time.time() + 10
+            while b"\n" not in shown.partition(b"lab: open")[2] and time.time() < deadline:
+                shown += os.read(master, 4096)
+    finally:
+        os.close(terminal)
+        os.close(master)
+    text = shown.decode(errors="replace")
+    assert f"lab: open {base}/lab?token={token}" in text
+    assert token not in (isolated_home / "lab.log").read_text()
+
+
+def test_headless_lab_without_a_terminal_names_where_the_token_is(lab, isolated_home):
+    _, base, token = lab  # stdout is a log file and there is no controlling terminal
+    log = (isolated_home / "lab.log").read_text()
+    assert token not in log
+    assert f"{base}/lab" in log and "jupyter server list" in log

@@ -1,0 +1,64 @@
+"""The shell scripts: they pass shellcheck, survive bash 3.2's `set -u` with empty arrays (macOS's
+/bin/bash), and the Slurm JupyterLab job closes its output file (it holds the token) to other users."""
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("hpc/*.sbatch")])
+
+
+def test_there_are_scripts_to_check():
+    names = {p.name for p in SCRIPTS}
+    assert {"lab.sh", "setup.sh", "build-horovod.sh", "system-deps.sh", "jupyter.sbatch"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shellcheck_is_clean(script):
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (scripts/system-deps.sh installs it: apt-get install shellcheck)")
+    proc = subprocess.run(["shellcheck", "--shell=bash", "--severity=warning", str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# "${arr[@]}" of an empty array aborts under `set -u` in bash < 4.4 (macOS ships 3.2); ${arr[@]+"${arr[@]}"}
+# does not. Any array expansion in our scripts must use the guarded form.
+UNGUARDED = re.compile(r'(?<!\+)"\$\{(\w+)\[@\]\}"')
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_no_unguarded_array_expansion(script):
+    bad = []
+    for number, line in enumerate(script.read_text().splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        for match in UNGUARDED.finditer(line):
+            if f'${{{match[1]}[@]+"${{{match[1]}[@]}}"}}' not in line:
+                bad.append(f"{script.name}:{number}: {line.strip()}")
+    assert not bad, "unguarded array expansion (aborts under set -u in bash 3.2):\n" + "\n".join(bad)
+
+
+def test_the_unguarded_pattern_is_caught():
+    # the checker above would find the form that breaks bash 3.2, and accept the guarded one
+    assert UNGUARDED.search('exec x "${args[@]}"')
+    line = 'exec x ${args[@]+"${args[@]}"}'
+    assert all(f'${{{m[1]}[@]+"${{{m[1]}[@]}}"}}' in line for m in UNGUARDED.finditer(line))
+
+
+def test_jupyter_job_output_is_readable_by_its_owner_only(tmp_path):
+    out = tmp_path / "labkit-lab-1.out"
+    out.write_text("")
+    out.chmod(0o644)  # as Slurm creates it under a usual login umask
+    env = dict(os.environ, LABKIT_VENV=str(tmp_path / "no-venv"))  # the job stops after closing its output
+    with open(out, "a") as f:
+        proc = subprocess.run(["bash", str(ROOT / "hpc/jupyter.sbatch")], stdout=f, stderr=f, env=env,
+                              cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert "no Python in" in out.read_text()
