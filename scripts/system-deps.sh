@@ -2,7 +2,7 @@
 # Install the Debian packages that the browser and Slurm tests drive (make test runs this before pytest):
 #   chromium                                  tests/test_browser.py  (headless JupyterLab)
 #   slurmctld slurmd slurm-client munge       tests/test_slurm.py    (single-node Slurm on loopback)
-#   shellcheck                                tests/test_shell.py    (lints every shell script)
+#   the shellcheck linter                     tests/test_shell.py    (lints every shell script)
 #
 #   scripts/system-deps.sh            install what is missing (root + apt-get only); fast when all present
 #   LABKIT_SYSTEM_DEPS=0 make test    skip this step entirely
