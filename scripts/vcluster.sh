@@ -17,7 +17,7 @@
 # The files live in $LABKIT_VCLUSTER_DIR (default /run/labkit-vcluster); SLURM_CONF for the clients is
 # printed by `up` and `status`. `up` and `down` are idempotent; `down` removes exactly what `up` made.
 # Settings: LABKIT_VCLUSTER_SUBNET (first three octets, default 10.251.77), LABKIT_VCLUSTER_CPUS (CPUs
-# Slurm gives each node, default: this machine's cores). Needs: iproute2 (ip, tc), openssh-server,
+# Slurm gives each node, default: this machine's cores), LABKIT_VCLUSTER_MTU (default 9000). Needs: iproute2 (ip, tc), openssh-server,
 # slurmctld, slurmd, slurm-client, munge. Introduced in notebooks/04_horovod_scaling.ipynb.
 set -euo pipefail
 
@@ -29,6 +29,9 @@ PREFIX=labkit-node
 MARK="# labkit-vcluster"
 SSH_CONF=/etc/ssh/ssh_config.d/labkit-vcluster.conf
 HOST_IP="$SUBNET.254"
+# Jumbo frames, as cluster networks use: at MTU 1500 the per-packet cost of shaping on a busy 2-core
+# machine held a 1gbit link to ~0.7 Gbit/s of TCP payload; at 9000 it reaches ~0.99 (measured).
+MTU="${LABKIT_VCLUSTER_MTU:-9000}"
 
 die() { echo "vcluster: $*" >&2; exit 2; }
 usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -171,9 +174,8 @@ print_status() {
 }
 
 ours() {  # ours PID: a live process this cluster started (its command line or environment names it)
-  [ -r "/proc/$1/cmdline" ] || return 1
-  tr '\0' ' ' < "/proc/$1/cmdline" 2> /dev/null | grep -Eq "$DIR|$PREFIX" && return 0
-  tr '\0' '\n' < "/proc/$1/environ" 2> /dev/null | grep -q "^SLURM_CONF=$DIR/"
+  { tr '\0' ' ' < "/proc/$1/cmdline" | grep -Eq "$DIR|$PREFIX"; } 2> /dev/null && return 0
+  { tr '\0' '\n' < "/proc/$1/environ" | grep -q "^SLURM_CONF=$DIR/"; } 2> /dev/null
 }
 
 cmd_down() {
@@ -248,11 +250,12 @@ cmd_up() {
 
   # network: bridge on the host, one shaped veth per node
   ip link add "$BRIDGE" type bridge
+  ip link set "$BRIDGE" mtu "$MTU"
   ip addr add "$HOST_IP/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   for i in $(seq 1 "$n"); do
     ip netns add "$PREFIX$i"
-    ip link add "lkv$i" type veth peer name "lkv${i}n"
+    ip link add "lkv$i" mtu "$MTU" type veth peer name "lkv${i}n" mtu "$MTU"
     ip link set "lkv${i}n" netns "$PREFIX$i"
     ip netns exec "$PREFIX$i" ip link set "lkv${i}n" name eth0
     ip netns exec "$PREFIX$i" ip addr add "$SUBNET.$i/24" dev eth0
