@@ -43,7 +43,7 @@ class _Unreadable(Exception):
 
 
 def _describe(answer) -> str:
-    text = repr(answer)
+    text = " ".join(repr(answer).split())  # one line, whatever numpy's repr does
     return text if len(text) <= 60 else text[:57] + "..."
 
 
