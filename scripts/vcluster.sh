@@ -4,6 +4,7 @@
 #   scripts/vcluster.sh up [--nodes N] [--rate RATE] [--delay DELAY]   # as root; default 2 nodes, 1gbit, no delay
 #   scripts/vcluster.sh shape --rate RATE [--delay DELAY]              # change the links of a running cluster
 #   scripts/vcluster.sh status                                        # nodes, addresses, link settings
+#   scripts/vcluster.sh exec labkit-node1 COMMAND...                  # run a command on a node (launch from there)
 #   scripts/vcluster.sh down                                          # remove everything `up` made
 #
 # Each node is a network namespace labkit-nodeK (with its own hostname) joined by a veth link to one
@@ -34,7 +35,7 @@ HOST_IP="$SUBNET.254"
 MTU="${LABKIT_VCLUSTER_MTU:-9000}"
 
 die() { echo "vcluster: $*" >&2; exit 2; }
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
 say() { echo "vcluster: $*"; }
 
 valid_rate() { echo "$1" | grep -Eq '^[0-9]+(\.[0-9]+)?([kmg]?bit|[kmg]?bps)$'; }
@@ -170,7 +171,8 @@ print_status() {
     echo "  $PREFIX$i  $SUBNET.$i  link lkv$i"
   done
   echo "  Slurm: export SLURM_CONF=$DIR/etc/slurm.conf"
-  echo "  Horovod: horovodrun --gloo -np 2 -H ${PREFIX}1:1,${PREFIX}2:1 --network-interface eth0 python -m labkit.hvd_train --threads 1"
+  echo "  Horovod (launched from a node, as a job does): $0 exec ${PREFIX}1 \\"
+  echo "    horovodrun --gloo -np 2 -H ${PREFIX}1:1,${PREFIX}2:1 --network-interface eth0 python -m labkit.hvd_train --threads 1"
 }
 
 ours() {  # ours PID: a live process this cluster started (its command line or environment names it)
@@ -338,12 +340,22 @@ cmd_shape() {
   say "links now $rate, one-way delay $delay"
 }
 
+cmd_exec() {  # exec NODE COMMAND...: in the node's network and a UTS namespace named after it
+  [ $# -ge 2 ] || die "exec needs a node and a command, e.g. exec ${PREFIX}1 hostname"
+  need_root
+  local node="$1"; shift
+  [ -e "/run/netns/$node" ] || die "exec: no node '$node' (up: $(ip netns list | awk '{print $1}' | grep "^$PREFIX" | paste -sd' ' -))"
+  # shellcheck disable=SC2016  # $0 and $@ belong to the inner shell
+  exec nsenter --net="/run/netns/$node" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$node" "$@"
+}
+
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   down) shift; [ $# -eq 0 ] || die "down takes no options; got '$1'"; cmd_down ;;
   shape) shift; cmd_shape "$@" ;;
   status) print_status ;;
+  exec) shift; cmd_exec "$@" ;;
   -h|--help|help) usage ;;
   "") usage >&2; exit 2 ;;
-  *) die "unknown command '$1' (expected up, down, shape or status)" ;;
+  *) die "unknown command '$1' (expected up, down, shape, status or exec)" ;;
 esac
