@@ -127,7 +127,7 @@ def judge(spec: Spec, answer) -> Verdict:
         if spec.kind == "names":
             given = frozenset(given) - frozenset(spec.ignore)
         if _same(spec.kind, given, expected, spec.rtol):
-            return Verdict("correct", "Correct! " + spec.success, expected)
+            return Verdict("correct", "Correct! " + spec.success[:1].upper() + spec.success[1:], expected)
         canonical = _coerce(spec.kind, expected)
         for key, value, hint in spec.mistakes:
             if value is None or (not callable(value) and _same(spec.kind, canonical, value, spec.rtol)):
