@@ -297,7 +297,7 @@ def efficiency(images_per_sec_1: float, images_per_sec_n: float, workers: int) -
 # ------------------------------------------------------------------------------------ 05_network_sweep
 @checker
 def memory_footprint(filters: int, filter_size: int, pool_size: int, extra_conv: bool = False) -> Spec:
-    """Seed 000's memory footprint in bytes: 4 bytes x learnable parameters (weights and biases)."""
+    """The MATLAB paper's memory footprint in bytes: 4 bytes x learnable parameters (weights and biases)."""
     from labkit.models.cifar import memory_footprint as footprint, seed000_net
     model = seed000_net(filters, filter_size, pool_size, extra_conv)
     total = footprint(model)

@@ -72,7 +72,10 @@ def cases():
     pool = tuple(tf.keras.layers.MaxPooling2D(3, 2)(tf.zeros((1, 15, 15, 8))).shape[1:])
     pts = [(10, 0.5), (20, 0.7), (15, 0.4), (30, 0.7), (40, 0.9), (25, 0.75)]
     cfg = dict(filters=20, filter_size=5, pool_size=3, extra_conv=True)
-    from labkit.sweep import matlab_param_count
+    try:
+        from labkit.netsweep import matlab_param_count
+    except ImportError:
+        from labkit.sweep import matlab_param_count
     model = _seed000(**cfg)
     weights_only = sum(int(np.prod(v.shape)) for v in model.trainable_weights if "kernel" in v.name)
     base, frozen = _transfer_case()
