@@ -171,6 +171,47 @@ def tf_onednn_enabled() -> bool:
     return bool(_pywrap_util_port.IsMklEnabled())
 
 
+_KERNEL_PROBE = """
+import numpy as np, tensorflow as tf
+n, h, c, k = {shape}
+x = tf.constant(np.ones((n, h, h, c), np.float32)); w = tf.constant(np.ones((k, k, c, c), np.float32))
+tf.nn.conv2d(x, w, 1, "SAME").numpy()
+tf.linalg.matmul(tf.reshape(x, (-1, c)), tf.reshape(w[0, 0], (c, c))).numpy()
+"""
+
+
+def onednn_kernels(batch_size: int = 2, size: int = 28, channels: int = 128, kernel: int = 3) -> dict:
+    """Which kernels TensorFlow runs for one tf.nn.conv2d and one tf.linalg.matmul, as oneDNN reports them.
+
+    Runs the two ops in a fresh Python with ONEDNN_VERBOSE=1 (the variable is read once, when TensorFlow
+    loads) and parses oneDNN's "exec" lines: {"conv2d": "brgconv:avx512_core (convolution_direct)",
+    "matmul": "oneDNN sgemm", ...} (TensorFlow's Eigen matmul calls oneDNN's sgemm even with oneDNN's
+    other kernels off). With oneDNN off there are no such lines and each op maps to
+    "TensorFlow's own (Eigen) kernel". Takes a few seconds (a TensorFlow start-up). (02_im2col)"""
+    import subprocess
+
+    for name, value in (("batch_size", batch_size), ("size", size), ("channels", channels), ("kernel", kernel)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    code = _KERNEL_PROBE.format(shape=(batch_size, size, channels, kernel))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"the TensorFlow probe failed: {done.stderr.strip().splitlines()[-1:]}")
+    found = {}
+    for line in done.stdout.splitlines():
+        fields = line.split(",")
+        if len(fields) < 6 or fields[0] != "onednn_verbose" or fields[1] != "exec":
+            continue
+        primitive, impl = fields[3], fields[4] or ("oneDNN sgemm" if fields[3] == "gemm_api" else "?")
+        alg = next((f.split("alg:")[1] for f in fields if f.startswith("alg:")), "")
+        name = {"convolution": "conv2d", "gemm_api": "matmul", "matmul": "matmul"}.get(primitive, primitive)
+        found.setdefault(name, impl + (f" ({alg})" if alg else ""))
+    for op in ("conv2d", "matmul"):
+        found.setdefault(op, "TensorFlow's own (Eigen) kernel")
+    return found
+
+
 def cpu_model() -> str:
     """The CPU's model name (from /proc/cpuinfo on Linux), or platform.processor()."""
     try:

@@ -118,3 +118,14 @@ def test_importing_machine_and_describing_without_tf_leave_tensorflow_unloaded()
     code = ("import sys; from labkit import machine; machine.cores(); machine.describe(tensorflow=False); "
             "print('tensorflow' in sys.modules)")
     assert _run(code) == "False"
+
+
+def test_onednn_kernels_name_tensorflows_conv_kernel_as_its_verbose_mode_does():
+    kernels = machine.onednn_kernels(batch_size=1, size=8, channels=16)
+    assert {"conv2d", "matmul"} <= set(kernels)
+    if machine.tf_onednn_enabled():  # oneDNN's own convolution, not TensorFlow's Eigen one
+        assert "Eigen" not in kernels["conv2d"] and kernels["conv2d"] != "?"
+    else:
+        assert "Eigen" in kernels["conv2d"]
+    with pytest.raises(ValueError, match="channels"):
+        machine.onednn_kernels(channels=0)
