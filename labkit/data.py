@@ -32,6 +32,17 @@ CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"  # published on https://www.cs.toronto.edu/~kriz/cifar.html
 # names under which an archive may sit: ours, and the one keras.datasets.cifar10.load_data() leaves behind
 _ARCHIVE_NAMES = (CIFAR10_ARCHIVE, "cifar-10-batches-py.tar.gz")
+# The official files inside it, as torchvision records them (torchvision/datasets/cifar.py, train_list and
+# test_list): name -> (MD5, rows). A batch is hashed before it is parsed; tests of the parser on fixtures
+# swap in their own table, the real data is only ever checked against this one.
+CIFAR10_FILES = {
+    "data_batch_1": ("c99cafc152244af753f735de768cd75f", 10000),
+    "data_batch_2": ("d4bba439e000b95fd0a9bffe97cbabec", 10000),
+    "data_batch_3": ("54ebc095f3ab1f0389bbae665268c751", 10000),
+    "data_batch_4": ("634d18415352ddfa80567beed471001a", 10000),
+    "data_batch_5": ("482c414d41f54cd18b22e5b47cb7c3cb", 10000),
+    "test_batch": ("40351d587109b95175f43aff81a1287e", 10000),
+}
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 SYNTHETIC_CLASSES = ("disc", "ring", "square", "frame", "triangle", "plus", "cross", "h-stripes",
                      "v-stripes", "checker")
@@ -87,6 +98,26 @@ def cifar10_available(data_dir=None) -> bool:
     return find_cifar10(data_dir) is not None or _find_archive(data_dir) is not None
 
 
+def cifar10_problem(data_dir=None) -> str | None:
+    """Why load_cifar10 would refuse what is on disk (a file that fails its MD5, a missing file), or None when
+    the data found is good or there is none. Hashes the files; parses nothing. (01_cnn_basics)"""
+    batches = find_cifar10(data_dir)
+    if batches is not None:
+        for name in CIFAR10_FILES:
+            try:
+                _verify_file(batches / name)
+            except CorruptDataError as err:
+                return str(err)
+        return None
+    archive = _find_archive(data_dir)
+    if archive is not None:
+        got = md5(archive)
+        if got != CIFAR10_MD5:
+            return (f"{archive} is truncated or corrupted: its MD5 is {got}, expected {CIFAR10_MD5}. "
+                    + _fix_hint(archive.parent))
+    return None
+
+
 def md5(path) -> str:
     """Hex MD5 of a file, read in 1 MiB blocks."""
     h = hashlib.md5()
@@ -97,33 +128,88 @@ def md5(path) -> str:
 
 
 def _fix_hint(where) -> str:
-    return (f"Delete it and fetch a fresh copy: `labkit data fetch cifar10 --dir {where}` on a machine with "
-            f"internet (e.g. an HPC login node), or copy a good {CIFAR10_ARCHIVE} (MD5 {CIFAR10_MD5}) there.")
+    return (f"Delete it and fetch a fresh copy: `labkit data fetch cifar10 --force --dir {where}` on a machine "
+            f"with internet (e.g. an HPC login node), or copy a good {CIFAR10_ARCHIVE} (MD5 {CIFAR10_MD5}) there.")
 
 
-def _load_batch(path: Path):
-    """One CIFAR-10 pickle batch -> (uint8 images NHWC, uint8 labels). Raises CorruptDataError when unreadable."""
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickles a CIFAR-10 batch and nothing else: a pickle can name any callable (os.system included) and
+    pickle.load would call it. CIFAR-10's batches need only numpy's array reconstruction; dicts, lists, bytes
+    and ints are plain opcodes. Every other global is refused before it is looked up."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy", "ndarray"), ("numpy", "dtype"),
+               ("numpy.core.numeric", "_frombuffer"),  # protocol 5 arrays
+               ("builtins", "list"), ("builtins", "dict"), ("builtins", "bytes"), ("builtins", "str")}
+
+    @staticmethod
+    def _latin1_encode(text, encoding="latin1", errors="strict"):
+        # Python 3 writes bytes at protocol 2 as _codecs.encode(str, "latin1"); admit that use only
+        if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
+            raise pickle.UnpicklingError(f"it calls _codecs.encode with {encoding!r}, not a CIFAR-10 batch")
+        return text.encode("latin1")
+
+    def find_class(self, module, name):
+        if (module, name) == ("_codecs", "encode"):
+            return self._latin1_encode
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR-10 batch never holds "
+                                         "(refused: unpickling it could run code)")
+        return super().find_class(module, name)
+
+
+def _verify_file(path: Path, files=None) -> int:
+    """Check path's MD5 against the table (default CIFAR10_FILES) before it is parsed; returns its row count."""
+    table = CIFAR10_FILES if files is None else files
+    if path.name not in table:
+        raise CorruptDataError(f"{path} is not one of CIFAR-10's files ({', '.join(table)}). "
+                               + _fix_hint(path.parent.parent))
+    want, rows = table[path.name]
+    try:
+        got = md5(path)
+    except OSError as err:
+        raise CorruptDataError(f"{path} could not be read ({err}). " + _fix_hint(path.parent.parent)) from err
+    if got != want:
+        raise CorruptDataError(f"{path} is not the official CIFAR-10 file (MD5 {got}, expected {want}): truncated, "
+                               "corrupted or replaced; it was not parsed. " + _fix_hint(path.parent.parent))
+    return rows
+
+
+def _load_batch(path: Path, files=None):
+    """One CIFAR-10 pickle batch -> (uint8 images NHWC, uint8 labels), after checking its MD5 against the
+    official table (files: another table, for fixtures). Raises CorruptDataError when it is not the file."""
+    rows = _verify_file(path, files)
     try:
         with open(path, "rb") as f:
-            d = pickle.load(f, encoding="bytes")
+            d = _BatchUnpickler(f, encoding="bytes").load()
         d = {k.decode("utf8") if isinstance(k, bytes) else k: v for k, v in d.items()}
-        data = np.asarray(d["data"], dtype=np.uint8)
-        labels = np.asarray(d["labels"], dtype=np.uint8)
-    except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError, AttributeError) as err:
+        raw = d["data"]
+        labels = np.asarray(d["labels"])
+    except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError, AttributeError,
+            IndexError) as err:
         raise CorruptDataError(f"{path} is not a readable CIFAR-10 batch ({type(err).__name__}: {err}). "
                                + _fix_hint(path.parent.parent)) from err
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data) or (labels > 9).any():
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or not np.issubdtype(labels.dtype, np.integer):
+        raise CorruptDataError(f"{path} holds {type(raw).__name__} {getattr(raw, 'dtype', '')} data and "
+                               f"{labels.dtype} labels; a CIFAR-10 batch holds uint8 data and integer labels. "
+                               + _fix_hint(path.parent.parent))
+    data = raw
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(labels) != len(data) or labels.ndim != 1 or (
+            len(labels) and (labels.min() < 0 or labels.max() > 9)):
         raise CorruptDataError(f"{path} has data of shape {data.shape} and {len(labels)} labels; a CIFAR-10 batch "
                                f"holds N x 3072 bytes and N labels 0..9. " + _fix_hint(path.parent.parent))
+    if len(data) != rows:
+        raise CorruptDataError(f"{path} holds {len(data)} images; this file holds {rows}. "
+                               + _fix_hint(path.parent.parent))
+    labels = labels.astype(np.uint8)
     # each row is 1024 red, then 1024 green, then 1024 blue bytes, each plane row-major
     return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
 
 
-def _read_batches(batches: Path):
-    parts = [_load_batch(batches / f"data_batch_{i}") for i in range(1, 6)]
+def _read_batches(batches: Path, files=None):
+    parts = [_load_batch(batches / f"data_batch_{i}", files) for i in range(1, 6)]
     x_train = np.concatenate([p[0] for p in parts])
     y_train = np.concatenate([p[1] for p in parts]).reshape(-1, 1)
-    x_test, y_test = _load_batch(batches / "test_batch")
+    x_test, y_test = _load_batch(batches / "test_batch", files)
     return (x_train, y_train), (x_test, y_test.reshape(-1, 1))
 
 
@@ -176,11 +262,29 @@ def load_cifar10(data_dir=None, *, download: bool = True):
     return _read_batches(batches)
 
 
-def fetch_cifar10(data_dir=None) -> Path:
-    """Download the official archive into data_dir (default $LABKIT_DATA) and verify its MD5; returns its path."""
-    target = Path(data_dir).expanduser() if data_dir is not None else config.data_dir()
-    target.mkdir(parents=True, exist_ok=True)
+def _writable_dir(target: Path) -> Path:
+    """Create target if needed and prove it writable, before any download; OSError names --dir and the fix."""
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=target).close()
+    except OSError as err:
+        raise OSError(f"--dir {target} is not a writable directory ({err.strerror or err}); pick one you can "
+                      "write, e.g. --dir ~/labkit-data") from err
+    return target
+
+
+def fetch_cifar10(data_dir=None, *, force: bool = False) -> Path:
+    """Download the official archive into data_dir (default $LABKIT_DATA) and verify its MD5; returns its path.
+
+    force=True first deletes what is there (the archive and the extracted folder, e.g. files that failed their
+    checksum) and downloads again. (01_cnn_basics)
+    """
+    target = _writable_dir(Path(data_dir).expanduser() if data_dir is not None else config.data_dir())
     archive = target / CIFAR10_ARCHIVE
+    if force:
+        shutil.rmtree(target / CIFAR10_DIRNAME, ignore_errors=True)
+        for name in _ARCHIVE_NAMES:
+            (target / name).unlink(missing_ok=True)
     if archive.is_file() and md5(archive) == CIFAR10_MD5:
         return archive
     from tensorflow import keras
@@ -402,6 +506,8 @@ def cli_main(argv: list[str]) -> int:
     fetch = sub.add_parser("fetch", help="download, verify (MD5) and extract a data set")
     fetch.add_argument("dataset", choices=["cifar10"], help="which data set")
     fetch.add_argument("--dir", default=None, help="where to put it (default: $LABKIT_DATA or ~/.labkit/data)")
+    fetch.add_argument("--force", action="store_true",
+                       help="delete what is there (e.g. files that failed their checksum) and download again")
     sub.add_parser("where", help="show where labkit looks for data and what it finds")
     args = parser.parse_args(argv)
     if args.action is None:
@@ -418,12 +524,15 @@ def cli_main(argv: list[str]) -> int:
         print(f"load_dataset() uses: {'cifar10 from ' + str(batches) if batches else 'the synthetic set'}")
         return 0
     try:
-        archive = fetch_cifar10(args.dir)
+        archive = fetch_cifar10(args.dir, force=args.force)
         batches = _extract(archive)
         _read_batches(batches)  # parse once: a bad file fails here, not on a compute node
     except (CorruptDataError, ConnectionError) as err:
         print(f"labkit data fetch: {err}", file=sys.stderr)
         return 1
+    except OSError as err:  # --dir not writable: bad input, said before any download
+        print(f"labkit data fetch: {err}", file=sys.stderr)
+        return 2
     where = batches.parent
     print(f"CIFAR-10 ready in {batches}. On compute nodes: export LABKIT_DATA={where}")
     return 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import shutil
@@ -159,13 +158,6 @@ def _memory_bytes() -> tuple[int | None, int | None]:
         return None, None
 
 
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
 def doctor(check_horovod: bool = True) -> Report:
     """Inspect this environment and return a Report (checks + info); `.ok` is False if the course can't run."""
     report = Report()
@@ -175,7 +167,9 @@ def doctor(check_horovod: bool = True) -> Report:
         report.checks.append(_horovod_check(report))
     report.checks.append(_gpu_check(report))
 
-    cores = _cpu_count()
+    from labkit import machine
+
+    cores = machine.cores()
     report.info["cores"] = cores
     report.checks.append(Check("cores", True, f"{cores} usable by this process", required=False))
     total, avail = _memory_bytes()
@@ -197,13 +191,25 @@ def doctor(check_horovod: bool = True) -> Report:
         report.checks.append(Check("profile", False, str(err).split(";")[1].strip(), str(err).split("Fix: ")[-1]))
     report.info["profile"] = prof
     report.info["data_dir"] = str(config.data_dir())
-    from labkit import data
-    where = data.find_cifar10()
-    report.info["cifar10"] = str(where) if where else None
-    report.checks.append(Check(
-        "cifar10", where is not None, str(where) if where else "not found locally; notebooks use the offline data set",
-        "optional: `labkit data fetch cifar10` on a machine with internet", required=False))
+    report.checks.append(_cifar10_check(report))
     return report
+
+
+def _cifar10_check(report: Report) -> Check:
+    """Found and intact, corrupt (load_dataset would raise: a failed, required check with the fix), or absent."""
+    from labkit import data
+
+    where = data.find_cifar10() or data._find_archive()
+    report.info["cifar10"] = str(where) if where else None
+    if where is None:
+        return Check("cifar10", False, "not found locally; notebooks use the offline data set",
+                     "optional: `labkit data fetch cifar10` on a machine with internet", required=False)
+    problem = data.cifar10_problem()
+    if problem:
+        return Check("cifar10", False, f"{where} is corrupt: notebooks that load it will stop with an error",
+                     "labkit data fetch cifar10 --force (on a machine with internet), or delete it to use the "
+                     "offline data set")
+    return Check("cifar10", True, f"{where} (checksums verified)", required=False)
 
 
 def cli_main(argv: list[str]) -> int:

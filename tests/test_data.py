@@ -27,8 +27,20 @@ def _write_batch(path: Path, images: np.ndarray, labels: np.ndarray, name: bytes
         pickle.dump(d, f, protocol=2)
 
 
-def make_cifar_fixture(root: Path, seed=0):
-    """A miniature cifar-10-batches-py/ under root plus its tar.gz; returns (images, labels, archive)."""
+def trust(monkeypatch, folder: Path):
+    """Let labkit accept this fixture's files: its checksum table (data.CIFAR10_FILES, the official MD5s
+    otherwise) swapped for the fixture's own MD5s and row counts, for this test only."""
+    table = {}
+    for name in data.CIFAR10_FILES:
+        with open(folder / name, "rb") as f:
+            rows = len(pickle.load(f, encoding="bytes")[b"data"])  # the test's own file, not untrusted data
+        table[name] = (hashlib.md5((folder / name).read_bytes()).hexdigest(), rows)
+    monkeypatch.setattr(data, "CIFAR10_FILES", table)
+
+
+def make_cifar_fixture(root: Path, seed=0, monkeypatch=None):
+    """A miniature cifar-10-batches-py/ under root plus its tar.gz; returns (images, labels, archive).
+    With monkeypatch, labkit trusts these files for the test (trust())."""
     rng = np.random.default_rng(seed)
     folder = root / data.CIFAR10_DIRNAME
     folder.mkdir(parents=True)
@@ -43,6 +55,8 @@ def make_cifar_fixture(root: Path, seed=0):
     archive = root / data.CIFAR10_ARCHIVE
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(folder, arcname=data.CIFAR10_DIRNAME)
+    if monkeypatch is not None:
+        trust(monkeypatch, folder)
     return images, labels, archive
 
 
@@ -54,8 +68,8 @@ def isolated(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _only_archive(tmp_path, name="staged"):
-    images, labels, archive = make_cifar_fixture(tmp_path / "src")
+def _only_archive(tmp_path, name="staged", monkeypatch=None):
+    images, labels, archive = make_cifar_fixture(tmp_path / "src", monkeypatch=monkeypatch)
     target = tmp_path / name
     target.mkdir()
     moved = target / data.CIFAR10_ARCHIVE
@@ -66,8 +80,8 @@ def _only_archive(tmp_path, name="staged"):
 # --- the parser ------------------------------------------------------------------------------------------
 
 
-def test_parser_reads_cifar_format_as_keras_does(isolated):
-    images, labels, _ = make_cifar_fixture(isolated / "staged")
+def test_parser_reads_cifar_format_as_keras_does(isolated, monkeypatch):
+    images, labels, _ = make_cifar_fixture(isolated / "staged", monkeypatch=monkeypatch)
     (x_train, y_train), (x_test, y_test) = data.load_cifar10(isolated / "staged", download=False)
     n = 5 * N_PER_BATCH
     assert x_train.dtype == np.uint8 and x_train.shape == (n, 32, 32, 3)
@@ -84,7 +98,7 @@ def test_parser_reads_cifar_format_as_keras_does(isolated):
 
 
 def test_verified_archive_is_extracted_and_used(isolated, monkeypatch):
-    images, labels, archive = _only_archive(isolated)
+    images, labels, archive = _only_archive(isolated, monkeypatch=monkeypatch)
     monkeypatch.setattr(data, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
     (x_train, _), (x_test, y_test) = data.load_cifar10(archive.parent, download=False)
     np.testing.assert_array_equal(x_test, images[5 * N_PER_BATCH:])
@@ -123,30 +137,31 @@ def test_truncated_archive_with_matching_checksum_fails_extraction(isolated, mon
     assert not [p for p in archive.parent.iterdir() if p.name.startswith(".cifar10-")]
 
 
-def test_corrupted_batch_file_is_reported(isolated):
-    make_cifar_fixture(isolated / "staged")
+def test_corrupted_batch_file_is_reported(isolated, monkeypatch):
+    make_cifar_fixture(isolated / "staged", monkeypatch=monkeypatch)
     batch = isolated / "staged" / data.CIFAR10_DIRNAME / "data_batch_3"
     batch.write_bytes(batch.read_bytes()[:1000])
     with pytest.raises(data.CorruptDataError, match="data_batch_3"):
         data.load_cifar10(isolated / "staged", download=False)
 
 
-def test_wrong_shape_batch_is_reported(isolated):
+def test_wrong_shape_batch_is_reported(isolated, monkeypatch):
     make_cifar_fixture(isolated / "staged")
     folder = isolated / "staged" / data.CIFAR10_DIRNAME
     with open(folder / "test_batch", "wb") as f:
         pickle.dump({b"data": np.zeros((4, 100), np.uint8), b"labels": [0, 1, 2, 3]}, f)
+    trust(monkeypatch, folder)  # its checksum passes: the shape check is what refuses it
     with pytest.raises(data.CorruptDataError, match="3072"):
         data.load_cifar10(isolated / "staged", download=False)
 
 
-def test_search_order_data_dir_then_labkit_data_then_keras_cache(isolated):
+def test_search_order_data_dir_then_labkit_data_then_keras_cache(isolated, monkeypatch):
     keras_cache = isolated / "home" / ".keras" / "datasets"
     make_cifar_fixture(keras_cache, seed=1)
     assert data.find_cifar10() == keras_cache / data.CIFAR10_DIRNAME
     make_cifar_fixture(isolated / "labkit_data", seed=2)
     assert data.find_cifar10() == isolated / "labkit_data" / data.CIFAR10_DIRNAME
-    images, _, _ = make_cifar_fixture(isolated / "explicit", seed=3)
+    images, _, _ = make_cifar_fixture(isolated / "explicit", seed=3, monkeypatch=monkeypatch)
     (x_train, _), _ = data.load_cifar10(isolated / "explicit", download=False)
     np.testing.assert_array_equal(x_train, images[: 5 * N_PER_BATCH])
 
@@ -202,8 +217,8 @@ def test_load_dataset_falls_back_to_synthetic_and_says_so(isolated):
     assert len(info.class_names) == 10
 
 
-def test_load_dataset_prefers_cifar10_when_present(isolated):
-    make_cifar_fixture(isolated / "labkit_data")
+def test_load_dataset_prefers_cifar10_when_present(isolated, monkeypatch):
+    make_cifar_fixture(isolated / "labkit_data", monkeypatch=monkeypatch)
     (x, y), (xt, yt), info = data.load_dataset(n_train=10, n_test=5)
     assert info.name == "cifar10" and info.class_names[0] == "airplane"
     assert x.shape == (10, 32, 32, 3) and y.shape == (10,) and xt.shape == (5, 32, 32, 3)
@@ -345,7 +360,7 @@ def test_cli_fetch_reports_corrupt_download(isolated, monkeypatch, capsys):
 
 
 def test_cli_fetch_stages_data(isolated, monkeypatch, capsys):
-    _, _, archive = _only_archive(isolated, name="server")
+    _, _, archive = _only_archive(isolated, name="server", monkeypatch=monkeypatch)
     import tensorflow as tf
 
     def fake_get_file(fname, origin, file_hash, hash_algorithm, cache_dir, cache_subdir):
@@ -364,3 +379,128 @@ def test_cli_help_runs():
     with pytest.raises(SystemExit) as exc:
         data.cli_main(["--help"])
     assert exc.value.code == 0
+
+
+# --- untrusted files: checksums before parsing, and an unpickler that cannot run code ----------------------
+
+
+class _RunsCode:
+    """Pickles to 'call os.system(...)' on load: what a planted data_batch_1 in a shared directory could do."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(folder: Path, marker: Path):
+    with open(folder / "data_batch_1", "wb") as f:
+        pickle.dump({b"data": _RunsCode(marker), b"labels": [0]}, f, protocol=2)
+
+
+def test_planted_pickle_is_refused_by_its_checksum_before_parsing(isolated):
+    make_cifar_fixture(isolated / "staged")
+    folder = isolated / "staged" / data.CIFAR10_DIRNAME
+    marker = isolated / "pwned"
+    _plant(folder, marker)
+    with pytest.raises(data.CorruptDataError, match="not the official CIFAR-10 file") as err:
+        data.load_cifar10(isolated / "staged", download=False)
+    assert "data_batch_1" in str(err.value) and "labkit data fetch cifar10 --force" in str(err.value)
+    assert not marker.exists()
+
+
+def test_planted_pickle_is_refused_by_the_unpickler_even_with_a_matching_checksum(isolated, monkeypatch):
+    make_cifar_fixture(isolated / "staged")
+    folder = isolated / "staged" / data.CIFAR10_DIRNAME
+    marker = isolated / "pwned"
+    _plant(folder, marker)
+    # the planted file's own MD5 in the table (trust() would unpickle it, so not trust())
+    table = dict(data.CIFAR10_FILES, data_batch_1=(hashlib.md5((folder / "data_batch_1").read_bytes()).hexdigest(), 1))
+    monkeypatch.setattr(data, "CIFAR10_FILES", table)
+    with pytest.raises(data.CorruptDataError) as err:
+        data._load_batch(folder / "data_batch_1")
+    message = str(err.value)
+    assert "posix.system" in message or "os.system" in message  # names what it refused
+    assert "data_batch_1" in message and "labkit data fetch cifar10 --force" in message
+    assert not marker.exists()  # the command never ran
+    # the oracle: plain pickle.load would have run it
+    with open(folder / "data_batch_1", "rb") as f:
+        pickle.load(f, encoding="bytes")
+    assert marker.exists()
+
+
+def test_batch_cut_short_is_refused_even_with_a_matching_checksum(isolated, monkeypatch):
+    images, labels, _ = make_cifar_fixture(isolated / "staged", monkeypatch=monkeypatch)
+    folder = isolated / "staged" / data.CIFAR10_DIRNAME
+    _write_batch(folder / "data_batch_2", images[:3], labels[:3], b"training batch 2 of 5")  # 3 of 7 rows
+    table = dict(data.CIFAR10_FILES)
+    table["data_batch_2"] = (hashlib.md5((folder / "data_batch_2").read_bytes()).hexdigest(), N_PER_BATCH)
+    monkeypatch.setattr(data, "CIFAR10_FILES", table)
+    with pytest.raises(data.CorruptDataError, match=f"holds 3 images; this file holds {N_PER_BATCH}"):
+        data.load_cifar10(isolated / "staged", download=False)
+
+
+@pytest.mark.parametrize("bad, word", [({b"data": np.zeros((7, 3072), np.float32), b"labels": [0] * 7}, "uint8"),
+                                       ({b"data": np.zeros((7, 3072), np.uint8), b"labels": [12] * 7}, "0..9")])
+def test_wrong_dtype_or_label_range_is_refused(isolated, monkeypatch, bad, word):
+    make_cifar_fixture(isolated / "staged")
+    folder = isolated / "staged" / data.CIFAR10_DIRNAME
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump(bad, f, protocol=2)
+    trust(monkeypatch, folder)
+    with pytest.raises(data.CorruptDataError, match=word):
+        data.load_cifar10(isolated / "staged", download=False)
+
+
+def test_official_per_file_checksums():
+    # typed in from torchvision/datasets/cifar.py (CIFAR10.train_list / test_list), not copied from labkit
+    assert {k: v[0] for k, v in data.CIFAR10_FILES.items()} == {
+        "data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+        "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
+        "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e"}
+    assert {v[1] for v in data.CIFAR10_FILES.values()} == {10000}  # 50000 train + 10000 test images
+
+
+def test_cifar10_problem_names_a_corrupt_archive_and_the_fix(isolated):
+    _, _, archive = _only_archive(isolated)  # not the official archive
+    problem = data.cifar10_problem(archive.parent)
+    assert problem and "MD5" in problem and "labkit data fetch cifar10 --force" in problem
+    assert data.cifar10_problem(isolated / "nowhere") is None
+
+
+def test_cifar10_problem_is_none_for_trusted_files(isolated, monkeypatch):
+    make_cifar_fixture(isolated / "staged", monkeypatch=monkeypatch)
+    assert data.cifar10_problem(isolated / "staged") is None
+
+
+def test_cli_fetch_force_replaces_a_corrupt_copy(isolated, monkeypatch, capsys):
+    _, _, archive = _only_archive(isolated, name="server", monkeypatch=monkeypatch)
+    import tensorflow as tf
+
+    def fake_get_file(fname, origin, file_hash, hash_algorithm, cache_dir, cache_subdir):
+        dest = Path(cache_dir) / fname
+        dest.write_bytes(archive.read_bytes())
+        return str(dest)
+
+    monkeypatch.setattr(tf.keras.utils, "get_file", fake_get_file)
+    monkeypatch.setattr(data, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    target = isolated / "d"
+    assert data.cli_main(["fetch", "cifar10", "--dir", str(target)]) == 0
+    batch = target / data.CIFAR10_DIRNAME / "data_batch_4"
+    batch.write_bytes(batch.read_bytes()[:500])  # damaged after staging
+    capsys.readouterr()
+    assert data.cli_main(["fetch", "cifar10", "--dir", str(target)]) == 1
+    assert "--force" in capsys.readouterr().err
+    assert data.cli_main(["fetch", "cifar10", "--dir", str(target), "--force"]) == 0
+    data.load_cifar10(target, download=False)  # good again
+
+
+def test_cli_fetch_into_an_unwritable_dir_is_one_line_exit_2(isolated, capsys):
+    blocker = isolated / "a-file"
+    blocker.write_text("")
+    assert data.cli_main(["fetch", "cifar10", "--dir", str(blocker / "sub")]) == 2  # not a directory, even as root
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--dir" in err and "writable" in err

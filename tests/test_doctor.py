@@ -79,3 +79,35 @@ def test_doctor_reports_a_bad_profile(tmp_path):
     proc = run_doctor({"LABKIT_HOROVODRUN": str(exe), "LABKIT_PROFILE": "fastest"})
     assert proc.returncode == 1
     assert "fix profile:" in proc.stdout and "LABKIT_PROFILE" in proc.stdout
+
+
+def _doctor_with_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LABKIT_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def _cifar_check(report):
+    return next(c for c in report.checks if c.name == "cifar10")
+
+
+def test_doctor_names_a_corrupt_cifar10_archive_and_the_fix(tmp_path, monkeypatch):
+    from labkit import data
+
+    where = _doctor_with_data(tmp_path, monkeypatch)
+    where.mkdir()
+    (where / data.CIFAR10_ARCHIVE).write_bytes(b"\x1f\x8b half a download")
+    with pytest.raises(data.CorruptDataError):  # what a notebook would meet
+        data.load_dataset(n_train=10, n_test=10)
+    report = doctor.doctor(check_horovod=False)
+    check = _cifar_check(report)
+    assert not check.ok and check.required and not report.ok
+    text = str(report)
+    assert "corrupt" in text and "labkit data fetch cifar10 --force" in text
+    assert "notebooks use the offline data set" not in text
+
+
+def test_doctor_says_offline_set_only_when_there_is_no_cifar10(tmp_path, monkeypatch):
+    _doctor_with_data(tmp_path, monkeypatch)
+    check = _cifar_check(doctor.doctor(check_horovod=False))
+    assert not check.ok and not check.required and "notebooks use the offline data set" in check.value
