@@ -16,7 +16,7 @@ COMMANDS = {
     "flops": ("labkit.flops", "per-layer params, MACs and FLOPs of a named model"),
     "conv-bench": ("labkit.bench", "time naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50 layers"),
     "scale": ("labkit.scaling", "run Horovod data-parallel training for several worker counts"),
-    "sweep": ("labkit.sweep", "train seed 000's 16 networks in parallel worker processes"),
+    "sweep": ("labkit.netsweep", "train the MATLAB white paper's 16 networks in parallel worker processes"),
     "exercises": ("labkit.exercises", "list the exercises, or build the learner edition without solutions"),
 }
 

@@ -1,26 +1,27 @@
-"""Train many network configs in parallel worker processes, save each result as it lands, resume; Pareto front.
+"""Train many configs in parallel worker processes, save each result as it lands, resume; Pareto front.
 
-The white paper behind seed 000 trains 16 CIFAR-10 networks with MATLAB's parfor and keeps the ones on
-the accuracy-vs-memory Pareto front. Here the workers are processes (spawned, so TensorFlow starts clean
-in each), each pinned to its own thread budget so K workers do not fight over the same cores.
+The generic runner: it knows configs (dicts of JSON values) and a train function, nothing about networks.
+Workers are processes (spawned, so TensorFlow starts clean in each), each pinned to its own thread budget
+so K workers do not fight over the same cores, and each dies with the process that started it.
 
     from labkit import sweep
-    run = sweep.run_sweep(sweep.seed000_configs(), sweep.Seed000Trainer(epochs=1), "runs/sweep.jsonl",
-                          num_workers=2)
+    run = sweep.run_sweep(configs, train_fn, "runs/sweep.jsonl", num_workers=2)
     df = run.to_dataframe(); front = sweep.pareto_front(zip(df.memory_bytes, df.accuracy))
 
-Results file: JSON lines, one record per config, rewritten whole through a temporary file and os.replace
-after every result, so a kill at any moment leaves the previous complete file. (05_network_sweep)
+train_fn(config) returns {"accuracy": ..., "memory_bytes": ..., ...}; if it has settings(), those are
+stored in every record and a resume refuses a file made with other settings. Results file: JSON lines,
+one record per config, rewritten whole through a temporary file and os.replace after every result, so a
+kill at any moment leaves the previous complete file. labkit.netsweep uses it for the MATLAB white
+paper's 16 networks. (05_network_sweep)
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import json
 import math
-import multiprocessing as mp
 import os
-import sys
+import signal
+import threading
 import time
 import traceback
 from collections import deque
@@ -29,28 +30,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from labkit import config
+from labkit import machine
+from labkit.resultsfile import (check_writable, load_results, records_dataframe, settings_mismatch,  # noqa: F401
+                                write_results)
+from labkit.workerpool import kill_pool, new_pool, raise_interrupt
 
-BYTES_PER_PARAM = 4  # single precision, as the white paper's getMemoryFootprint
-THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                   "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
-_RUNNER_KEYS = ("key", "name", "config", "status", "error", "accuracy", "params", "memory_bytes",
+_RUNNER_KEYS = ("key", "name", "config", "settings", "status", "error", "accuracy", "memory_bytes",
                 "train_time_s", "wall_time_s", "cpu_time_s", "worker_pid", "threads", "finished_at")
-
-
-# ----------------------------------------------------------------------------- configs
-def seed000_configs() -> list[dict]:
-    """Seed 000's 16 networks: filters {20, 32} x filter size {5, 3} x pool {3, 2} x extra conv {no, yes}."""
-    from labkit.models.cifar import SEED000_SWEEP  # the model module owns the grid
-
-    return [dict(c) for c in SEED000_SWEEP]
-
-
-def config_name(cfg: dict) -> str:
-    """Short readable name: f20_k5_p3 (+ _x with the extra conv layer); other dicts: k=v joined."""
-    if set(cfg) == {"filters", "filter_size", "pool_size", "extra_conv"}:
-        return f"f{cfg['filters']}_k{cfg['filter_size']}_p{cfg['pool_size']}" + ("_x" if cfg["extra_conv"] else "")
-    return ",".join(f"{k}={cfg[k]}" for k in sorted(cfg))
 
 
 def config_key(cfg: dict) -> str:
@@ -63,28 +49,9 @@ def config_key(cfg: dict) -> str:
         raise ValueError(f"configs must be dicts of JSON values; {cfg!r}: {err}") from None
 
 
-def matlab_param_count(cfg: dict, input_shape=(32, 32, 3), classes: int = 10, include_mean_image=False) -> int:
-    """Learnable parameters of a seed 000 network by the white paper's own formulas (getMemoryFootprint).
-
-    conv: (prod(FilterSize) * NumChannels + 1) * NumFilters; fully connected: (InputSize + 1) * OutputSize;
-    pooling without padding: out = floor((in - pool) / 2) + 1. MATLAB also counts the input layer's
-    zero-centring mean image (prod(InputSize) values); include_mean_image=True adds it.
-    """
-    h, w, c = input_shape
-    f, k, p = cfg["filters"], cfg["filter_size"], cfg["pool_size"]
-    params = (k * k * c + 1) * f
-    h, w = (h - p) // 2 + 1, (w - p) // 2 + 1
-    if cfg["extra_conv"]:
-        params += (k * k * f + 1) * f
-    params += (k * k * f + 1) * 2 * f
-    h, w = (h - p) // 2 + 1, (w - p) // 2 + 1
-    params += (h * w * 2 * f + 1) * classes
-    return params + (input_shape[0] * input_shape[1] * c if include_mean_image else 0)
-
-
-def count_params(model) -> int:
-    """Learnable (trainable) parameters of a built Keras model."""
-    return int(sum(int(math.prod(w.shape)) for w in model.trainable_weights))
+def config_name(cfg: dict) -> str:
+    """A readable name for any config: k=v pairs joined, keys sorted (a train function's name() wins)."""
+    return ",".join(f"{k}={cfg[k]}" for k in sorted(cfg))
 
 
 # ----------------------------------------------------------------------------- Pareto front
@@ -119,62 +86,6 @@ def pareto_front(points) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- worker side
-def available_cores() -> int:
-    """CPU cores this process may run on (affinity mask, not the machine's total)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-_THREADPOOL_LIMITS = None  # keeps threadpoolctl's limit alive for the worker's lifetime
-
-
-def limit_threads(threads: int, tensorflow: bool = True) -> None:
-    """Pin this process to `threads` compute threads: OpenMP/BLAS pools and, if asked, TensorFlow's.
-
-    Call before TensorFlow runs its first op (a spawned worker's start-up); afterwards TF's pools are fixed.
-    """
-    global _THREADPOOL_LIMITS
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"threads must be a positive int; got {threads!r}")
-    for var in THREAD_ENV_VARS:
-        os.environ[var] = str(threads)
-    try:
-        from threadpoolctl import threadpool_limits
-
-        _THREADPOOL_LIMITS = threadpool_limits(limits=threads)
-    except ImportError:  # the environment variables still apply to libraries loaded later
-        pass
-    if tensorflow:
-        import labkit  # noqa: F401  (TF log level before TF)
-        import tensorflow as tf
-
-        labkit.quiet()
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-
-
-def thread_report() -> dict:
-    """What this process's thread limits are now: env vars, BLAS pools, TensorFlow's pools (if imported)."""
-    report = {var: os.environ.get(var) for var in THREAD_ENV_VARS}
-    try:
-        from threadpoolctl import threadpool_info
-
-        report["blas_threads"] = [info["num_threads"] for info in threadpool_info()]
-    except ImportError:
-        report["blas_threads"] = []
-    if "tensorflow" in sys.modules:
-        tf = sys.modules["tensorflow"]
-        report["tf_intra_op"] = tf.config.threading.get_intra_op_parallelism_threads()
-        report["tf_inter_op"] = tf.config.threading.get_inter_op_parallelism_threads()
-    return report
-
-
-def _worker_init(threads: int, tensorflow: bool) -> None:
-    limit_threads(threads, tensorflow=tensorflow)
-
-
 def _warm(train_fn) -> int:
     """Start-up task: load what the train function caches (data), so timing starts with ready workers."""
     prepare = getattr(train_fn, "prepare", None)
@@ -188,69 +99,29 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def run_config(train_fn, cfg: dict, threads=None) -> dict:
+def run_config(train_fn, cfg: dict, threads=None, name=None, settings=None) -> dict:
     """Train one config (in a worker) and return its record; an exception becomes status="error"."""
-    record = {"key": config_key(cfg), "name": config_name(cfg), "config": cfg, "worker_pid": os.getpid(),
+    record = {"key": config_key(cfg), "name": name or config_name(cfg), "config": cfg, "worker_pid": os.getpid(),
               "threads": threads}
+    if settings is not None:
+        record["settings"] = settings
     start, start_cpu = time.perf_counter(), time.process_time()
     try:
         out = train_fn(dict(cfg))
-        if not isinstance(out, dict) or "accuracy" not in out or "params" not in out:
-            raise TypeError(f"train function must return a dict with 'accuracy' and 'params'; got {out!r}")
+        if not isinstance(out, dict) or "accuracy" not in out or "memory_bytes" not in out:
+            raise TypeError(f"train function must return a dict with 'accuracy' and 'memory_bytes'; got {out!r}")
         wall = time.perf_counter() - start
-        params = int(out["params"])
-        extra = {k: v for k, v in out.items() if k not in _RUNNER_KEYS}
-        record.update(extra)
-        record.update(status="ok", error=None, accuracy=float(out["accuracy"]), params=params,
-                      memory_bytes=BYTES_PER_PARAM * params,
+        record.update({k: v for k, v in out.items() if k not in _RUNNER_KEYS})
+        record.update(status="ok", error=None, accuracy=float(out["accuracy"]), memory_bytes=int(out["memory_bytes"]),
                       train_time_s=float(out.get("train_time_s", wall)), wall_time_s=wall,
                       cpu_time_s=time.process_time() - start_cpu)
     except Exception as err:  # recorded, never raised: one bad config must not stop the sweep
         tb = traceback.format_exc().strip().splitlines()
         record.update(status="error", error=f"{type(err).__name__}: {err}", traceback=tb[-6:],
-                      accuracy=None, params=None, memory_bytes=None, train_time_s=None,
-                      wall_time_s=time.perf_counter() - start)
+                      accuracy=None, memory_bytes=None, train_time_s=None, wall_time_s=time.perf_counter() - start)
     record["finished_at"] = _now()
     json.dumps(record)  # fail here, in the worker, on values the results file cannot hold
     return record
-
-
-# ----------------------------------------------------------------------------- results file
-def load_results(path) -> list[dict]:
-    """Records in a results file (JSON lines); [] if it does not exist."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"results file {path} line {lineno} is not JSON ({err}); fix or delete that line, "
-                             "or start over with resume=False / --overwrite") from None
-        if not isinstance(rec, dict) or "key" not in rec:
-            raise ValueError(f"results file {path} line {lineno} is not a sweep record (no 'key')")
-        records.append(rec)
-    return records
-
-
-def write_results(path, records) -> None:
-    """Write all records at once: temp file in the same directory, fsync, os.replace (atomic)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec, sort_keys=True) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -277,49 +148,21 @@ class SweepRun:
         return records_dataframe(self.records)
 
 
-def records_dataframe(records):
-    """Records as a pandas DataFrame: one row per config, config keys as columns, memory in KB."""
-    import pandas as pd
-
-    rows = []
-    for r in records:
-        row = {k: v for k, v in r.items() if k not in ("config", "traceback")}
-        row.update(r.get("config") or {})
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    if "memory_bytes" in df:
-        df["memory_kb"] = df["memory_bytes"] / 1e3
-    return df
-
-
-def _new_pool(num_workers, threads, tensorflow):
-    return cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=mp.get_context("spawn"),
-                                  initializer=_worker_init, initargs=(threads, tensorflow))
-
-
-def _kill_pool(pool) -> None:
-    # the workers are our own children; terminate them so an interrupt does not leave training running
-    for proc in list(getattr(pool, "_processes", {}).values()):
-        try:
-            proc.terminate()
-        except Exception:
-            pass
-    pool.shutdown(wait=False, cancel_futures=True)
-
-
 def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worker: int | None = None,
               resume: bool = True, retry_failed: bool = True, max_new: int | None = None,
               tensorflow: bool = True, warmup: bool = True, progress: bool = True) -> SweepRun:
-    """Train each config with train_fn(config) -> {"accuracy", "params", ...} in num_workers processes.
+    """Train each config with train_fn(config) -> {"accuracy", "memory_bytes", ...} in num_workers processes.
 
     out: JSON-lines results file, rewritten atomically after every result. resume=True skips configs
-    that already have an "ok" record there (and failed ones too if retry_failed=False); resume=False
-    starts the file over. threads_per_worker: default cores // num_workers (at least 1). max_new: train at
-    most this many configs in this call (a lease that ends early). tensorflow: workers import TensorFlow
-    and pin its thread pools at start-up. train_fn must be picklable (a module-level function or an
-    object such as Seed000Trainer); if it has a prepare() method, each worker calls it before timing starts.
-    Workers are spawned, so a script that calls run_sweep needs the `if __name__ == "__main__":` guard
-    (notebooks and the `labkit sweep` command do not).
+    that already have an "ok" record there (and failed ones too if retry_failed=False), and refuses a file
+    made with other train_fn.settings(); resume=False starts the file over. threads_per_worker: default
+    cores // num_workers (at least 1). max_new: train at most this many configs in this call (a lease
+    that ends early). tensorflow: workers import TensorFlow and pin its thread pools at start-up.
+    train_fn must be picklable (a module-level function or an object such as netsweep.NetworkTrainer);
+    optional methods: prepare() (each worker calls it before timing starts), name(config), settings().
+    Workers die with this process (even on SIGKILL); SIGTERM acts like Ctrl-C: the results so far stay in
+    out, the workers end, KeyboardInterrupt is raised. Workers are spawned, so a script that calls
+    run_sweep needs the `if __name__ == "__main__":` guard (notebooks and `labkit sweep` do not).
     """
     configs = list(configs)
     keys = [config_key(c) for c in configs]
@@ -330,17 +173,26 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
         seen.add(k)
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
         raise ValueError(f"num_workers must be a positive int; got {num_workers!r}")
-    threads = threads_per_worker if threads_per_worker is not None else max(1, available_cores() // num_workers)
+    threads = threads_per_worker if threads_per_worker is not None else max(1, machine.cores() // num_workers)
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ValueError(f"threads_per_worker must be a positive int; got {threads_per_worker!r}")
     if max_new is not None and (not isinstance(max_new, int) or max_new < 0):
         raise ValueError(f"max_new must be a non-negative int or None; got {max_new!r}")
     out = Path(out)
+    check_writable(out)
+    namer = getattr(train_fn, "name", None)
+    names = [namer(c) if callable(namer) else config_name(c) for c in configs]
+    settings = train_fn.settings() if callable(getattr(train_fn, "settings", None)) else None
 
     done = {}  # key -> record, in file order; records of other configs in the file are kept untouched
     if resume:
         for rec in load_results(out):
             done[rec["key"]] = rec
+        if settings is not None:
+            why = settings_mismatch(done.values(), settings, out)
+            if why:
+                raise ValueError(f"resume: {why}; resume with the same settings, start over with resume=False, "
+                                 "or use another out file")
     else:
         write_results(out, [])
 
@@ -348,7 +200,7 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
         rec = done.get(key)
         return rec is not None and (rec.get("status") == "ok" or not retry_failed)
 
-    todo = [c for c, k in zip(configs, keys) if not finished(k)]
+    todo = [(c, n) for c, k, n in zip(configs, keys, names) if not finished(k)]
     skipped = len(configs) - len(todo)
     if max_new is not None:
         todo = todo[:max_new]
@@ -356,7 +208,7 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # networks done / total, rate and time left
 
         bar = tqdm(total=len(configs), initial=skipped, desc=f"sweep ({num_workers} workers)", unit="config")
 
@@ -368,24 +220,29 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
             bar.set_postfix_str(f"{rec['name']}: {rec['status']}", refresh=False)
             bar.update(1)
 
-    if todo:
-        pool = _new_pool(num_workers, threads, tensorflow)
-        try:
-            t0 = time.perf_counter()
-            if warmup:
-                _warm_pool(pool, train_fn, num_workers)
-            run.startup_s = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            pool = _drive(pool, todo, train_fn, num_workers, threads, tensorflow, land, run)
-            run.wall_s = time.perf_counter() - t1
-        except BaseException:
-            _kill_pool(pool)
-            if bar is not None:
-                bar.close()
-            raise
-        pool.shutdown(wait=True)
-    if bar is not None:
-        bar.close()
+    old_term = None
+    if todo and threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM = Ctrl-C: keep results, end workers
+    try:
+        if todo:
+            pool = new_pool(num_workers, threads, tensorflow)
+            try:
+                t0 = time.perf_counter()
+                if warmup:
+                    _warm_pool(pool, train_fn, num_workers)
+                run.startup_s = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                pool = _drive(pool, todo, train_fn, num_workers, threads, tensorflow, land, run, settings)
+                run.wall_s = time.perf_counter() - t1
+            except BaseException:
+                kill_pool(pool)
+                raise
+            pool.shutdown(wait=True)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        if bar is not None:
+            bar.close()
     run.records = [done[k] for k in keys if k in done]
     return run
 
@@ -399,7 +256,7 @@ def _warm_pool(pool, train_fn, num_workers) -> None:
             return
 
 
-def _drive(pool, todo, train_fn, num_workers, threads, tensorflow, land, run):
+def _drive(pool, todo, train_fn, num_workers, threads, tensorflow, land, run, settings):
     """Keep num_workers configs in flight; a worker that dies takes only its own config down.
 
     When a worker process dies (killed, out of memory), the pool fails every config in flight; those are
@@ -410,39 +267,42 @@ def _drive(pool, todo, train_fn, num_workers, threads, tensorflow, land, run):
     while queue or isolate or inflight:
         if isolate:
             if not inflight:
-                cfg = isolate.popleft()
-                inflight[pool.submit(run_config, train_fn, cfg, threads)] = (cfg, True)
+                cfg, name = isolate.popleft()
+                inflight[pool.submit(run_config, train_fn, cfg, threads, name, settings)] = (cfg, name, True)
         else:
             while queue and len(inflight) < num_workers:
-                cfg = queue.popleft()
-                inflight[pool.submit(run_config, train_fn, cfg, threads)] = (cfg, False)
-        done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+                cfg, name = queue.popleft()
+                inflight[pool.submit(run_config, train_fn, cfg, threads, name, settings)] = (cfg, name, False)
+        finished, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
         crashed = []
-        for fut in done:
-            cfg, alone = inflight.pop(fut)
+        for fut in finished:
+            cfg, name, alone = inflight.pop(fut)
             try:
                 land(fut.result())
             except BrokenProcessPool:
-                crashed.append((cfg, alone))
+                crashed.append((cfg, name, alone))
         if crashed:
             # the pool is gone: every config still in flight fails the same way
-            for fut, (cfg, alone) in list(inflight.items()):
+            for fut, (cfg, name, alone) in list(inflight.items()):
                 try:
                     land(fut.result())
                 except BrokenProcessPool:
-                    crashed.append((cfg, alone))
+                    crashed.append((cfg, name, alone))
             inflight.clear()
             run.crashed_workers += 1
             pool.shutdown(wait=True)
-            pool = _new_pool(num_workers, threads, tensorflow)
-            for cfg, alone in crashed:
+            pool = new_pool(num_workers, threads, tensorflow)
+            for cfg, name, alone in crashed:
                 if alone or (len(crashed) == 1 and not isolate):
-                    land({"key": config_key(cfg), "name": config_name(cfg), "config": cfg, "status": "error",
-                          "error": "worker process died while training this config (killed or out of memory)",
-                          "accuracy": None, "params": None, "memory_bytes": None, "train_time_s": None,
-                          "wall_time_s": None, "worker_pid": None, "threads": threads, "finished_at": _now()})
+                    rec = {"key": config_key(cfg), "name": name, "config": cfg, "status": "error",
+                           "error": "worker process died while training this config (killed or out of memory)",
+                           "accuracy": None, "memory_bytes": None, "train_time_s": None, "wall_time_s": None,
+                           "worker_pid": None, "threads": threads, "finished_at": _now()}
+                    if settings is not None:
+                        rec["settings"] = settings
+                    land(rec)
                 else:
-                    isolate.append(cfg)
+                    isolate.append((cfg, name))
     return pool
 
 
@@ -490,81 +350,6 @@ def measure_speedup(configs, train_fn, workers=(1, 2), out_dir=None, threads_per
     return df
 
 
-# ----------------------------------------------------------------------------- tables and the pick
-def config_table(configs=None):
-    """The networks before training: params (Keras and the paper's formula), memory, MACs per image.
-
-    MACs come from labkit.flops (conv and dense multiply-adds); the embedded processor pays them per frame.
-    """
-    import warnings
-
-    import pandas as pd
-
-    from labkit import flops
-    from labkit.models.cifar import seed000_net
-
-    rows = []
-    for cfg in configs or seed000_configs():
-        model = seed000_net(**cfg)
-        with warnings.catch_warnings():  # the normalisation layer has no MAC rule; it has no MACs either
-            warnings.simplefilter("ignore")
-            macs = flops.count(model).macs
-        params = count_params(model)
-        rows.append({"name": config_name(cfg), **cfg, "params": params, "params_paper": matlab_param_count(cfg),
-                     "memory_kb": BYTES_PER_PARAM * params / 1e3, "mmacs": macs / 1e6})
-    return pd.DataFrame(rows)
-
-
-def with_pareto(df):
-    """Successful rows sorted by memory, with a boolean `pareto` column (on the front or not)."""
-    ok = df[df.status == "ok"].sort_values(["memory_bytes", "name"]).reset_index(drop=True)
-    front = set(pareto_front(zip(ok.memory_bytes, ok.accuracy)))
-    ok["pareto"] = [i in front for i in range(len(ok))]
-    return ok
-
-
-def recommend(df, max_accuracy_drop: float = 0.02, memory_budget_bytes: int | None = None):
-    """The network to ship: the smallest on the Pareto front within max_accuracy_drop of the best.
-
-    memory_budget_bytes, if given, first removes networks that do not fit. Returns the chosen row.
-    """
-    if not 0 <= max_accuracy_drop <= 1:
-        raise ValueError(f"max_accuracy_drop must be in [0, 1] (a fraction, 0.02 = 2 points); got {max_accuracy_drop!r}")
-    front = with_pareto(df)
-    front = front[front.pareto]
-    if memory_budget_bytes is not None:
-        front = front[front.memory_bytes <= memory_budget_bytes]
-        if front.empty:
-            raise ValueError(f"no network fits memory_budget_bytes={memory_budget_bytes}; the smallest needs "
-                             f"{int(with_pareto(df).memory_bytes.min())} bytes")
-    good = front[front.accuracy >= front.accuracy.max() - max_accuracy_drop]
-    return good.sort_values("memory_bytes").iloc[0]
-
-
-# ----------------------------------------------------------------------------- plots
-def plot_pareto(df, ax=None, label_points=True):
-    """Accuracy vs memory footprint (KB), the Pareto front drawn as a staircase (05_network_sweep)."""
-    import matplotlib.pyplot as plt
-
-    ok = df[df.status == "ok"].reset_index(drop=True)
-    front = pareto_front(zip(ok.memory_bytes, ok.accuracy))
-    ax = ax or plt.subplots(figsize=(7, 4.5))[1]
-    on = ok.index.isin(front)
-    ax.scatter(ok.memory_kb[~on], 100 * ok.accuracy[~on], color="tab:gray", label="dominated")
-    ax.scatter(ok.memory_kb[on], 100 * ok.accuracy[on], color="tab:red", zorder=3, label="Pareto front")
-    f = ok.loc[front]
-    ax.step(f.memory_kb, 100 * f.accuracy, where="post", color="tab:red", alpha=0.6)
-    if label_points:
-        for _, r in ok.iterrows():
-            ax.annotate(r["name"], (r.memory_kb, 100 * r.accuracy), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-    ax.set_xlabel("memory footprint (KB, 4 bytes x learnable parameters)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Accuracy against memory footprint")
-    ax.legend(loc="best")
-    return ax
-
-
 def plot_speedup(df, ax=None, cores=None):
     """Measured speedup vs workers with the ideal (linear) line and the core count (05_network_sweep)."""
     import matplotlib.pyplot as plt
@@ -573,158 +358,10 @@ def plot_speedup(df, ax=None, cores=None):
     k = list(df.workers)
     ax.plot(k, k, "--", color="tab:gray", label="ideal (speedup = workers)")
     ax.plot(k, df.speedup, "o-", color="tab:blue", label="measured")
-    cores = cores or available_cores()
+    cores = cores or machine.cores()
     ax.axvline(cores, color="tab:orange", alpha=0.5, label=f"{cores} cores")
     ax.set_xlabel("worker processes")
     ax.set_ylabel("speedup (x)")
     ax.set_xticks(k)
     ax.legend()
     return ax
-
-
-# ----------------------------------------------------------------------------- the real train function
-_DATA_CACHE = {}
-
-
-@dataclass(frozen=True)
-class Seed000Trainer:
-    """Trains one seed 000 network and returns its test accuracy (picklable, for worker processes).
-
-    Data: labkit.data.load_dataset() (CIFAR-10 when present, else the offline synthetic set) with train_size /
-    test_size images. Training: labkit.training.compile_sgdm, seed 000's SGDM + piecewise LR + L2.
-    """
-
-    epochs: int = 1
-    train_size: int | None = None
-    test_size: int | None = None
-    batch_size: int = 100
-    lr: float = 0.01
-    l2: float = 0.004
-    seed: int = 0
-
-    @classmethod
-    def for_profile(cls, name=None, **overrides):
-        """Settings scaled to the profile: quick (seconds per network), workshop (~20 s), full (seed 000's)."""
-        from labkit import training
-
-        opts = training.seed000_options(name)
-        settings = dict(lr=opts["lr"], l2=opts["l2"], batch_size=opts["batch_size"])
-        settings.update(config.by_profile(
-            quick=dict(epochs=1, train_size=1000, test_size=500, batch_size=25),
-            workshop=dict(epochs=3, train_size=2000, test_size=1000, batch_size=25),
-            full=dict(epochs=opts["epochs"], train_size=opts["n_train"], test_size=opts["n_test"]),
-            name=name))
-        settings.update(overrides)
-        return cls(**settings)
-
-    def prepare(self):
-        """Load, normalise and cache (in this process) the data."""
-        key = (self.train_size, self.test_size)
-        if key not in _DATA_CACHE:
-            from labkit import data
-
-            (x_train, y_train), (x_test, y_test), info = data.load_dataset(n_train=self.train_size,
-                                                                            n_test=self.test_size)
-            _DATA_CACHE[key] = (data.normalize(x_train), y_train, data.normalize(x_test), y_test, info.name)
-        return _DATA_CACHE[key]
-
-    def __call__(self, cfg: dict) -> dict:
-        from labkit import training
-        from labkit.models.cifar import memory_footprint, seed000_net
-
-        x_train, y_train, x_test, y_test, dataset = self.prepare()
-        config.set_seed(self.seed)
-        model = seed000_net(**cfg, input_shape=tuple(x_train.shape[1:]), classes=int(y_train.max()) + 1)
-        steps = -(-len(x_train) // self.batch_size)
-        # seed 000 drops the LR x0.1 at 3/4 of its epochs (30 of 40); runs of a few epochs never get far
-        # enough for a drop to help, so they keep the LR constant
-        drop_period = (3 * self.epochs) // 4 if self.epochs >= 8 else self.epochs
-        training.compile_sgdm(model, lr=self.lr, momentum=0.9, l2=self.l2, steps_per_epoch=steps,
-                              drop_period=drop_period)
-        start = time.perf_counter()
-        model.fit(x_train, y_train, batch_size=self.batch_size, epochs=self.epochs, verbose=0, shuffle=True)
-        train_time = time.perf_counter() - start
-        _, accuracy = model.evaluate(x_test, y_test, batch_size=500, verbose=0)
-        return {"accuracy": float(accuracy), "params": count_params(model),
-                "memory_bytes_keras": memory_footprint(model), "train_time_s": train_time,
-                "dataset": dataset, "epochs": self.epochs, "train_images": int(len(x_train)),
-                "test_images": int(len(x_test))}
-
-
-# ----------------------------------------------------------------------------- CLI
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer; got {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="labkit sweep",
-        description="Train seed 000's 16 CIFAR-10 networks in parallel worker processes; each result is "
-                    "saved as it lands, so an interrupted sweep resumes where it stopped.",
-        epilog="Example: labkit sweep --workers 2 --out runs/sweep.jsonl --resume")
-    parser.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
-    parser.add_argument("--threads-per-worker", type=_positive_int, default=None,
-                        help="compute threads per worker (default: cores // workers)")
-    parser.add_argument("--out", type=Path, default=Path("runs/sweep.jsonl"),
-                        help="results file, JSON lines (default runs/sweep.jsonl)")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="skip configs already finished in --out")
-    mode.add_argument("--overwrite", action="store_true", help="start --out over, discarding its results")
-    parser.add_argument("--configs", default=None,
-                        help="comma-separated config names to run (e.g. f20_k5_p3,f32_k3_p2_x); default all 16")
-    parser.add_argument("--epochs", type=_positive_int, default=None, help="epochs per network (default: profile)")
-    parser.add_argument("--train-size", type=_positive_int, default=None, help="training images (default: profile)")
-    parser.add_argument("--test-size", type=_positive_int, default=None, help="test images (default: profile)")
-    parser.add_argument("--list", action="store_true", help="list the configs with parameters and memory; train nothing")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser
-
-
-def cli_main(argv: list[str]) -> int:
-    """`labkit sweep [--workers K] [--out FILE] [--resume]` (05_network_sweep)."""
-    args = build_parser().parse_args(argv)
-    configs = seed000_configs()
-    if args.configs:
-        by_name = {config_name(c): c for c in configs}
-        wanted = [n.strip() for n in args.configs.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in by_name]
-        if unknown:
-            print(f"labkit sweep: --configs has unknown names {', '.join(unknown)}; choose from "
-                  f"{', '.join(by_name)}", file=sys.stderr)
-            return 2
-        configs = [by_name[n] for n in wanted]
-    if args.list:
-        print(f"{'config':<14} {'params':>8} {'memory (KB)':>12}")
-        for c in configs:
-            p = matlab_param_count(c)
-            print(f"{config_name(c):<14} {p:>8} {BYTES_PER_PARAM * p / 1e3:>12.1f}")
-        return 0
-    if args.out.exists() and load_results(args.out) and not (args.resume or args.overwrite):
-        print(f"labkit sweep: {args.out} already holds results; pass --resume to skip finished configs "
-              "or --overwrite to start over", file=sys.stderr)
-        return 2
-    overrides = {k: v for k, v in (("epochs", args.epochs), ("train_size", args.train_size),
-                                   ("test_size", args.test_size)) if v is not None}
-    trainer = Seed000Trainer.for_profile(**overrides)
-    print(config.describe())
-    print(f"{len(configs)} configs, {args.workers} workers, trainer {trainer}", flush=True)
-    run = run_sweep(configs, trainer, args.out, num_workers=args.workers, threads_per_worker=args.threads_per_worker,
-                    resume=not args.overwrite, progress=not args.no_progress)
-    ok = [r for r in run.records if r["status"] == "ok"]
-    front = {ok[i]["key"] for i in pareto_front([(r["memory_bytes"], r["accuracy"]) for r in ok])}
-    print(f"{'config':<14} {'memory (KB)':>12} {'accuracy':>9} {'train (s)':>10}  pareto")
-    for r in sorted(run.records, key=lambda r: (r["memory_bytes"] is None, r["memory_bytes"] or 0)):
-        if r["status"] != "ok":
-            print(f"{r['name']:<14} FAILED: {r['error']}")
-            continue
-        print(f"{r['name']:<14} {r['memory_bytes'] / 1e3:>12.1f} {r['accuracy']:>9.3f} {r['train_time_s']:>10.1f}"
-              f"  {'*' if r['key'] in front else ''}")
-    print(f"trained {run.ran}, skipped {run.skipped} finished, failed {len(run.failed)}; "
-          f"sweep {run.wall_s:.1f} s (+{run.startup_s:.1f} s worker start-up); results in {run.out}")
-    return 1 if run.failed else 0

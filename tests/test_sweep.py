@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from labkit import sweep
+from labkit import machine, sweep
 
 HERE = Path(__file__).resolve().parent
 
@@ -36,7 +36,7 @@ class Toy:
             raise RuntimeError(f"config {i} diverged")
         if i in self.crash_on:
             os._exit(3)
-        return {"accuracy": 0.1 * (i % 7), "params": 1000 + 10 * i, "note": f"toy {i}"}
+        return {"accuracy": 0.1 * (i % 7), "memory_bytes": 4 * (1000 + 10 * i), "note": f"toy {i}"}
 
 
 def calls(marker_dir):
@@ -91,26 +91,6 @@ def test_pareto_bad_points_name_the_point():
         sweep.pareto_front([(1, 0.5, 3)])
 
 
-# ----------------------------------------------------------------------------- configs and memory
-def test_seed000_configs_and_paper_param_formula():
-    configs = sweep.seed000_configs()
-    assert len(configs) == 16
-    assert {(c["filters"], c["filter_size"], c["pool_size"], c["extra_conv"]) for c in configs} == {
-        (f, k, p, e) for f in (20, 32) for k in (5, 3) for p in (3, 2) for e in (False, True)}
-    assert len({sweep.config_name(c) for c in configs}) == 16
-    # hand count of f20_k5_p3: conv1 (5*5*3+1)*20 = 1520; conv2 (5*5*20+1)*40 = 20040;
-    # 32 -> 15 -> 7 after two 3x3/2 pools, fc (7*7*40+1)*10 = 19610
-    assert sweep.matlab_param_count(configs[0]) == 1520 + 20040 + 19610
-    assert sweep.matlab_param_count(configs[0], include_mean_image=True) == 1520 + 20040 + 19610 + 3072
-
-
-def test_paper_formula_matches_keras_models():
-    from labkit.models.cifar import seed000_net
-
-    for cfg in sweep.seed000_configs():
-        assert sweep.count_params(seed000_net(**cfg)) == sweep.matlab_param_count(cfg), cfg
-
-
 # ----------------------------------------------------------------------------- results file
 def test_write_results_is_atomic(tmp_path, monkeypatch):
     out = tmp_path / "r.jsonl"
@@ -146,7 +126,7 @@ def test_sweep_two_workers_records_every_config(tmp_path):
     assert [r["config"] for r in run.records] == configs
     for r in run.records:
         i = r["config"]["i"]
-        assert r["status"] == "ok" and r["params"] == 1000 + 10 * i and r["memory_bytes"] == 4 * (1000 + 10 * i)
+        assert r["status"] == "ok" and r["memory_bytes"] == 4 * (1000 + 10 * i)
         assert math.isclose(r["accuracy"], 0.1 * (i % 7)) and r["note"] == f"toy {i}" and r["threads"] >= 1
     assert len({r["worker_pid"] for r in run.records} - {os.getpid()}) >= 1  # trained outside this process
     on_disk = [json.loads(line) for line in out.read_text().splitlines()]
@@ -193,6 +173,125 @@ def test_worker_that_dies_takes_only_its_config(tmp_path):
     assert status == {0: "ok", 1: "ok", 2: "error", 3: "ok"}
     assert "worker process died" in run.records[2]["error"]
     assert run.crashed_workers >= 1
+
+
+def alive(pids):
+    """The pids still running (a zombie waiting for a reaper has stopped running: not counted)."""
+    import psutil
+
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def wait_gone(pids, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(pids)
+
+
+ORPHAN_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_sweep import Toy, toy_configs
+from labkit import sweep
+sweep.run_sweep(toy_configs(8), Toy({marks!r}, sleep=2.0), {out!r}, num_workers=2, tensorflow=False,
+                progress=False)
+"""
+
+
+def start_sweep_and_wait_for_workers(tmp_path, results_before_kill=0):
+    import psutil
+
+    marks, out = tmp_path / "m", tmp_path / "r.jsonl"
+    marks.mkdir()
+    script = ORPHAN_SCRIPT.format(tests=str(HERE), marks=str(marks), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (len(list(marks.iterdir())) >= 2 + results_before_kill
+                                               and len(sweep.load_results(out)) >= results_before_kill):
+        time.sleep(0.05)
+    children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    workers = {int(p.name.split(".")[1]) for p in marks.iterdir()}
+    assert len(workers) == 2 and workers <= set(children), (workers, children)
+    return proc, children, out
+
+
+def test_sigkill_of_the_sweep_leaves_no_worker_behind(tmp_path):
+    # only the sweep's process is killed (not its group): a notebook kernel killed by the OOM killer or a lease
+    proc, children, _ = start_sweep_and_wait_for_workers(tmp_path)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert wait_gone(children) == []  # the workers (and the resource tracker) are gone within seconds
+
+
+def test_sigterm_keeps_results_and_ends_workers(tmp_path):
+    proc, children, out = start_sweep_and_wait_for_workers(tmp_path, results_before_kill=2)
+    proc.terminate()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err  # SIGTERM is handled as Ctrl-C
+    assert wait_gone(children) == []
+    saved = sweep.load_results(out)  # the file parses: never half-written
+    assert 2 <= len(saved) < 8 and all(r["status"] == "ok" for r in saved)
+
+
+WATCH_SCRIPT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+                          "import os; from labkit import workerpool; workerpool.watch_parent(os.getppid(), 0.1)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_watchdog_kills_a_worker_whose_parent_died():
+    # the macOS path (no prctl): the polling thread alone ends the orphan
+    proc = subprocess.Popen([sys.executable, "-c", WATCH_SCRIPT], stdout=subprocess.PIPE, text=True)
+    child = int(proc.stdout.readline())
+    time.sleep(0.5)
+    assert alive([child]) == [child]
+    proc.kill()
+    proc.wait(timeout=30)
+    assert wait_gone([child], timeout=10) == []
+
+
+@dataclass(frozen=True)
+class SetToy(Toy):
+    """A Toy whose results depend on settings, as a real trainer's do (epochs, data set)."""
+
+    epochs: int = 1
+
+    def settings(self):
+        return {"epochs": self.epochs, "dataset": "toy"}
+
+
+def test_resume_refuses_results_made_with_other_settings(tmp_path):
+    out = tmp_path / "r.jsonl"
+    configs = toy_configs(3)
+    first = sweep.run_sweep(configs, SetToy(str(tmp_path), epochs=1), out, max_new=2, tensorflow=False,
+                            progress=False)
+    assert all(r["settings"] == {"epochs": 1, "dataset": "toy"} for r in first.records)
+    with pytest.raises(ValueError, match="epochs=1 there, 3 now"):
+        sweep.run_sweep(configs, SetToy(str(tmp_path), epochs=3), out, tensorflow=False, progress=False)
+    assert len(sweep.load_results(out)) == 2  # refused before touching the file
+    same = sweep.run_sweep(configs, SetToy(str(tmp_path), epochs=1), out, tensorflow=False, progress=False)
+    assert same.ran == 1 and same.skipped == 2
+    fresh = sweep.run_sweep(configs, SetToy(str(tmp_path), epochs=3), out, resume=False, tensorflow=False,
+                            progress=False)
+    assert fresh.ran == 3 and {r["settings"]["epochs"] for r in sweep.load_results(out)} == {3}
+    # a file from before settings were recorded: readable, but not resumed with settings it cannot check
+    old = tmp_path / "old.jsonl"
+    sweep.write_results(old, [{"key": sweep.config_key(configs[0]), "status": "ok", "accuracy": 0.5,
+                               "memory_bytes": 10}])
+    with pytest.raises(ValueError, match="without recorded settings"):
+        sweep.run_sweep(configs, SetToy(str(tmp_path)), old, tensorflow=False, progress=False)
+    assert sweep.run_sweep(configs, Toy(str(tmp_path)), old, tensorflow=False, progress=False).skipped == 1
 
 
 KILL_SCRIPT = """
@@ -252,8 +351,10 @@ def test_bad_arguments_name_the_parameter(tmp_path):
         sweep.run_sweep(toy_configs(2) * 2, toy, tmp_path / "r")
     with pytest.raises(ValueError, match="JSON"):
         sweep.run_sweep([{"f": object()}], toy, tmp_path / "r")
-    with pytest.raises(ValueError, match="threads"):
-        sweep.limit_threads(0)
+    with pytest.raises(ValueError, match="out"):  # a file where the folder should be: before any worker starts
+        (tmp_path / "file.txt").write_text("x")
+        sweep.run_sweep(toy_configs(2), toy, tmp_path / "file.txt" / "r.jsonl")
+    assert not list(tmp_path.glob("[0-9]*"))  # nothing trained
 
 
 # ----------------------------------------------------------------------------- thread limits
@@ -267,7 +368,7 @@ def report_threads(cfg):
         x = tf.linalg.matmul(x, x) / 256.0
     float(tf.reduce_sum(x))
     cpu_per_wall = (time.process_time() - start_cpu) / (time.perf_counter() - start_wall)
-    return {"accuracy": 0.0, "params": 0, "report": sweep.thread_report(), "cpu_per_wall": cpu_per_wall}
+    return {"accuracy": 0.0, "params": 0, "report": machine.thread_report(), "cpu_per_wall": cpu_per_wall}
 
 
 @pytest.mark.slow
@@ -279,64 +380,13 @@ def test_thread_limits_respected_in_workers(tmp_path):
     for r in run.records:
         rep = r["report"]
         assert rep["tf_intra_op"] == 1 and rep["tf_inter_op"] == 1
-        assert all(rep[var] == "1" for var in sweep.THREAD_ENV_VARS)
+        assert all(rep[var] == "1" for var in machine.THREAD_ENV_VARS)
         assert all(n <= 1 for n in rep["blas_threads"])
         # one compute thread cannot use more than one core's worth of CPU time (contention only lowers it)
         assert r["cpu_per_wall"] < 1.3
     # default split: cores // workers
     assert sweep.run_sweep(configs[:1], report_threads, tmp_path / "d.jsonl", num_workers=1,
-                           progress=False, warmup=False, max_new=0).threads_per_worker == sweep.available_cores()
-
-
-# ----------------------------------------------------------------------------- CLI
-def test_cli_help_and_errors(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        sweep.cli_main(["--help"])
-    assert exit_info.value.code == 0
-    assert "--workers" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as exit_info:
-        sweep.cli_main(["--workers", "0"])
-    assert exit_info.value.code == 2 and "--workers" in capsys.readouterr().err
-    out = tmp_path / "r.jsonl"
-    sweep.write_results(out, [{"key": "x", "status": "ok"}])
-    assert sweep.cli_main(["--out", str(out)]) == 2
-    assert "--resume" in capsys.readouterr().err
-    assert sweep.cli_main(["--configs", "f99_k5_p3"]) == 2
-    assert sweep.cli_main(["--list"]) == 0
-    listed = capsys.readouterr().out.splitlines()
-    assert len(listed) == 17 and listed[1].split()[:2] == ["f20_k5_p3", str(1520 + 20040 + 19610)]
-
-
-def test_recommend_picks_smallest_front_network_within_tolerance():
-    import pandas as pd
-
-    df = pd.DataFrame({"name": list("abcde"), "status": ["ok"] * 4 + ["error"],
-                       "memory_bytes": [100, 200, 400, 300, None], "accuracy": [0.60, 0.79, 0.80, 0.70, None]})
-    assert list(sweep.with_pareto(df).query("pareto").name) == ["a", "b", "c"]  # d is beaten by b
-    assert sweep.recommend(df, max_accuracy_drop=0.02)["name"] == "b"
-    assert sweep.recommend(df, max_accuracy_drop=0.0)["name"] == "c"
-    assert sweep.recommend(df, max_accuracy_drop=0.5)["name"] == "a"
-    assert sweep.recommend(df, memory_budget_bytes=300)["name"] == "b"
-    with pytest.raises(ValueError, match="memory_budget_bytes"):
-        sweep.recommend(df, memory_budget_bytes=50)
-    with pytest.raises(ValueError, match="max_accuracy_drop"):
-        sweep.recommend(df, max_accuracy_drop=2)
-
-
-@pytest.mark.slow
-def test_cli_trains_real_networks_and_resumes(tmp_path, capsys):
-    out = tmp_path / "cli.jsonl"
-    args = ["--configs", "f20_k3_p2,f20_k3_p3", "--train-size", "64", "--test-size", "64", "--epochs", "1",
-            "--out", str(out), "--no-progress"]
-    assert sweep.cli_main(args) == 0
-    records = sweep.load_results(out)
-    assert [r["name"] for r in records] in (["f20_k3_p2", "f20_k3_p3"], ["f20_k3_p3", "f20_k3_p2"])
-    for r in records:
-        assert r["status"] == "ok" and 0 <= r["accuracy"] <= 1
-        assert r["params"] == sweep.matlab_param_count(r["config"]) and r["memory_bytes"] == 4 * r["params"]
-        assert r["memory_bytes_keras"] == r["memory_bytes"]  # labkit.models.cifar.memory_footprint agrees
-    assert sweep.cli_main(args + ["--resume"]) == 0
-    assert "trained 0, skipped 2" in capsys.readouterr().out
+                           progress=False, warmup=False, max_new=0).threads_per_worker == machine.cores()
 
 
 def test_measure_speedup_on_work_that_parallelises_perfectly(tmp_path):
@@ -344,8 +394,8 @@ def test_measure_speedup_on_work_that_parallelises_perfectly(tmp_path):
     marks = tmp_path / "m"
     marks.mkdir()
     df = sweep.measure_speedup(toy_configs(4), Toy(str(marks), sleep=0.5), workers=(1, 2), tensorflow=False)
-    assert list(df.workers) == [1, 2] and list(df.threads_per_worker) == [sweep.available_cores(),
-                                                                         max(1, sweep.available_cores() // 2)]
+    assert list(df.workers) == [1, 2] and list(df.threads_per_worker) == [machine.cores(),
+                                                                         max(1, machine.cores() // 2)]
     assert df.speedup.iloc[0] == 1.0 and 1.5 < df.speedup.iloc[1] < 2.5
     assert df.wall_s.iloc[0] >= 4 * 0.5 and (df.cores_used < 0.5).all()  # asleep, not computing
     with pytest.raises(ValueError, match="repeats"):
