@@ -264,7 +264,11 @@ def scaled_lr(base_lr: float, base_batch_size: int, batch_per_worker: int, worke
 def warmup_lr(base_lr: float, target_lr: float, step: int, warmup_steps: int) -> Spec:
     """Gradual warmup (Goyal et al. 2017): a straight line from the base LR to the target LR over warmup_steps."""
     ramp = min(step / warmup_steps, 1.0)
-    lr = base_lr + (target_lr - base_lr) * ramp
+    try:  # the one warmup schedule, where it exists
+        from labkit.training import warmup_lr as schedule
+        lr = float(schedule(step, base_lr, scale=target_lr / base_lr, warmup_steps=warmup_steps))
+    except ImportError:
+        lr = base_lr + (target_lr - base_lr) * ramp
     return Spec(lr, rtol=1e-4, mistakes=[
         ("no_warmup", target_lr, f"step {step} is still inside the {warmup_steps}-step warmup: the LR is "
                                  "on its way up."),
@@ -283,7 +287,7 @@ def efficiency(images_per_sec_1: float, images_per_sec_n: float, workers: int) -
         from labkit.scaling import efficiency as table_efficiency
         df = pd.DataFrame({"np": [1, workers], "images_per_sec": [images_per_sec_1, images_per_sec_n]})
         eff = float(table_efficiency(df)["efficiency"].iloc[-1])
-    except (ImportError, KeyError):
+    except (ImportError, KeyError):  # the table's home moved: the same definition
         eff = images_per_sec_n / (workers * images_per_sec_1)
     speedup = images_per_sec_n / images_per_sec_1
     return Spec(eff, rtol=1e-3, mistakes=[
