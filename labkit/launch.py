@@ -6,11 +6,17 @@ rank 0's progress while it runs, and returns each rank's result dict. A timeout,
 crashed rank kills every process the launch started (found by process tree and by an environment
 marker, so nothing is orphaned) and raises HorovodRunError with the failing rank's last stderr lines.
 labkit.scaling turns the results into throughput and efficiency tables.
+
+Shared-machine hygiene: the ranks get an allow-listed environment (child_env), never the caller's whole
+one (Horovod's Gloo launcher writes every variable into each rank's command line, visible in `ps`); and a
+watchdog process outlives the launcher to kill the launch's processes and remove its temporary folder if
+the launcher dies without cleaning up (SIGKILL, a Jupyter kernel restart).
 """
 from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import queue
 import re
@@ -27,6 +33,14 @@ from pathlib import Path
 MARKER_ENV = "LABKIT_RUN_ID"  # every process of one launch carries this, so none can escape the cleanup
 PROGRESS_TAG = "LABKIT_PROGRESS"
 _LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+# The environment a launch hands on: these names and prefixes, minus anything that looks like a credential.
+ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "HOSTNAME",
+             "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "KERAS_HOME",
+             "XDG_CACHE_HOME", "MPLBACKEND", "MPLCONFIGDIR",
+             "SSH_AUTH_SOCK")  # a socket path (only its owner can use it), needed by horovodrun's ssh to other hosts
+ENV_ALLOW_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NCCL_", "HOROVOD_", "GLOO_", "OMP_", "MKL_",
+                      "KMP_", "OPENBLAS_", "BLIS_", "TF_", "XLA_", "SLURM_", "OMPI_", "PMIX_", "PMI_", "LABKIT_")
+_ENV_DENY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|COOKIE|(^|_)(API_?)?KEY($|_)", re.IGNORECASE)
 
 
 class HorovodRunError(RuntimeError):
@@ -36,9 +50,6 @@ class HorovodRunError(RuntimeError):
         super().__init__(message)
         self.rank, self.returncode, self.timed_out = rank, returncode, timed_out
         self.stderr_tail = list(stderr_tail)
-
-
-
 
 
 def horovodrun_path() -> str | None:
@@ -69,6 +80,24 @@ def slurm_hosts(env=None) -> list[str]:
     return [f"{n}:{slots}" for n in names]
 
 
+def parse_hosts(hosts) -> list[str]:
+    """'name:slots' entries from horovodrun's -H syntax ("node1:2,node2:2") or a list; a bare name is 1 slot.
+    Bad entries raise ValueError naming `hosts` and what was expected."""
+    entries = hosts.split(",") if isinstance(hosts, str) else list(hosts)
+    parsed = []
+    for entry in entries:
+        name, sep, slots = str(entry).strip().rpartition(":")
+        if not sep:
+            name, slots = slots, "1"
+        if not name or not slots.isdigit() or int(slots) < 1 or any(c.isspace() for c in name):
+            raise ValueError(f"hosts must be name:slots entries with slots >= 1 (e.g. node1:2,node2:2); "
+                             f"got {entry!r}")
+        parsed.append(f"{name}:{int(slots)}")
+    if not parsed:
+        raise ValueError("hosts must name at least one host, e.g. localhost:2")
+    return parsed
+
+
 def take_slots(hosts, np_: int) -> list[str]:
     """The first np_ slots of 'host:slots' entries.
 
@@ -76,14 +105,14 @@ def take_slots(hosts, np_: int) -> list[str]:
     a 2-task allocation must be handed 'node:1', not 'node:2'.
     """
     taken, left = [], np_
-    for entry in hosts:
+    for entry in parse_hosts(hosts):
         name, _, slots = entry.rpartition(":")
-        n = min(int(slots) if name else 1, left)
+        n = min(int(slots), left)
         if n > 0:
-            taken.append(f"{name or slots}:{n}")
+            taken.append(f"{name}:{n}")
             left -= n
     if left > 0:
-        raise ValueError(f"np={np_} needs more slots than the hosts offer ({','.join(hosts)})")
+        raise ValueError(f"np={np_} needs more slots than the hosts offer ({','.join(parse_hosts(hosts))})")
     return taken
 
 
@@ -112,6 +141,59 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
     return [exe, "-np", str(np_), "-H", ",".join(hosts), "--mpi" if launcher == "mpi" else "--gloo", *worker]
 
 
+def child_env(env_extra=None, marker: str | None = None, base=None) -> dict:
+    """The environment a launch hands to horovodrun and the ranks: the ENV_ALLOW names and prefixes of
+    base (default os.environ) minus credential-like names (_ENV_DENY), then env_extra, then the marker.
+    JUPYTER_TOKEN and other secrets never reach a rank, its command line or `ps`."""
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items()
+           if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)) and not _ENV_DENY.search(k)}
+    env.update({"TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"), "PYTHONUNBUFFERED": "1"})
+    env.update({k: str(v) for k, v in (env_extra or {}).items()})
+    if marker:
+        env[MARKER_ENV] = marker
+    return env
+
+
+# Run by the launcher's child before it execs horovodrun: die with the launcher (Linux PR_SET_PDEATHSIG).
+_PDEATHSIG = ("import ctypes, os, signal, sys\n"
+              "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+              "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+              "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def _die_with_parent(cmd: list[str]) -> list[str]:
+    return [sys.executable, "-c", _PDEATHSIG, str(os.getpid()), *cmd] if sys.platform == "linux" else cmd
+
+
+def _start_watchdog(marker: str, pgid: int, cleanup_dir: Path | None):
+    """A process in its own session that waits on a pipe from the launcher. The launcher writes 'done'
+    when it has cleaned up; end-of-file without it (the launcher died) makes the watchdog kill the
+    launch's process group and marked processes and remove cleanup_dir. Returns the pipe's write end."""
+    read_fd, write_fd = os.pipe()
+    args = [sys.executable, "-m", "labkit.launch", "--watchdog", marker, str(pgid), str(cleanup_dir or "")]
+    try:
+        subprocess.Popen(args, stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=child_env(), start_new_session=True, close_fds=True)
+    finally:
+        os.close(read_fd)
+    return os.fdopen(write_fd, "w")
+
+
+def _watchdog_main(marker: str, pgid: int, cleanup_dir: str) -> None:
+    if sys.stdin.read() == "done":  # blocks until the launcher closes its end, however it ends
+        return
+    for _ in range(3):  # a middleman may start a late child while we kill: sweep again
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+        _kill_and_wait(marked_processes(marker), 1.0)
+        time.sleep(0.2)
+    if cleanup_dir:
+        shutil.rmtree(cleanup_dir, ignore_errors=True)
+
+
 def _reader(stream, name, q):
     for line in iter(stream.readline, ""):
         q.put((name, line.rstrip("\n")))
@@ -133,15 +215,16 @@ def marked_processes(marker: str) -> list:
     return found
 
 
-def _kill_and_wait(procs, grace: float) -> None:
-    """SIGKILL each of procs (already gone is fine) and wait up to grace seconds for them."""
+def _kill_and_wait(procs, grace: float, how: str = "kill") -> list:
+    """Signal each of procs (how: "kill" or "terminate"; already gone is fine), wait up to grace seconds
+    for them, return the ones still alive."""
     import psutil
     for p in procs:
         try:
-            p.kill()
+            getattr(p, how)()
         except psutil.Error:
             pass
-    psutil.wait_procs(procs, timeout=grace)
+    return psutil.wait_procs(procs, timeout=grace)[1]
 
 
 def kill_tree(proc, marker: str | None = None, grace: float = 3.0) -> int:
@@ -150,24 +233,15 @@ def kill_tree(proc, marker: str | None = None, grace: float = 3.0) -> int:
     procs = {}
     try:
         root = psutil.Process(proc.pid)
-        for p in [root, *root.children(recursive=True)]:
-            procs[p.pid] = p
+        procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
     except psutil.Error:
         pass
-    if marker:
-        for p in marked_processes(marker):
-            procs[p.pid] = p
+    procs.update({p.pid: p for p in (marked_processes(marker) if marker else [])})
     try:
         os.killpg(proc.pid, signal.SIGTERM)  # the launcher's own session (start_new_session=True)
-    except (ProcessLookupError, PermissionError, OSError):
+    except OSError:
         pass
-    for p in procs.values():
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace)
-    _kill_and_wait(alive, grace)
+    _kill_and_wait(_kill_and_wait(list(procs.values()), grace, "terminate"), grace)
     if marker:  # anything started while we were killing (a middleman's late child)
         _kill_and_wait(marked_processes(marker), grace)
     try:
@@ -196,110 +270,130 @@ def _failing_rank(lines, tails) -> int | None:
     return with_tb[0] if with_tb else None
 
 
-def launch(np_: int, script_args=(), *, launcher="auto", timeout: float = 300, progress=True,
+def _stream(proc, timeout, start, progress, label, tail_lines):
+    """Read horovodrun's prefixed output until it exits or timeout: (timed_out, rank stderr tails, other lines)."""
+    tails = collections.defaultdict(lambda: collections.deque(maxlen=tail_lines))
+    launcher_lines = collections.deque(maxlen=tail_lines)
+    q = queue.Queue()
+    for stream, name in ((proc.stdout, "out"), (proc.stderr, "err")):
+        threading.Thread(target=_reader, args=(stream, name, q), daemon=True).start()
+    open_streams = 2
+    while open_streams:
+        remaining = timeout - (time.perf_counter() - start)
+        if remaining <= 0:
+            return True, tails, launcher_lines
+        try:
+            name, line = q.get(timeout=min(0.5, remaining))
+        except queue.Empty:
+            continue
+        if line is None:
+            open_streams -= 1
+            continue
+        m = _LINE.match(line)
+        if not m:
+            launcher_lines.append(line)
+            continue
+        rank, stream, text = int(m.group(1)), m.group(2), m.group(3)
+        if stream == "stderr":
+            tails[rank].append(text)
+        elif text.startswith(PROGRESS_TAG):
+            try:
+                info = json.loads(text[len(PROGRESS_TAG):])
+            except ValueError:
+                continue
+            if callable(progress):
+                progress(info)
+            elif progress:
+                print(f"{label}: step {info['step']}/{info['steps']}  loss {info['loss']:.3f}  "
+                      f"({info['elapsed_s']:.1f} s)", flush=True)
+    try:
+        proc.wait(timeout=max(0.1, timeout - (time.perf_counter() - start)))
+    except subprocess.TimeoutExpired:
+        return True, tails, launcher_lines
+    return False, tails, launcher_lines
+
+
+def _failure(label, timeout, wall, proc, timed_out, tails, launcher_lines) -> HorovodRunError:
+    if timed_out:
+        rank = next((r for r in sorted(tails) if tails[r]), None)
+        detail = "\n".join(f"  [rank {r}] {t}" for r in sorted(tails) for t in tails[r]) or "  (no stderr)"
+        return HorovodRunError(f"{label}: no result within timeout={timeout:g} s; every process was killed. "
+                               f"Last stderr lines:\n{detail}", rank=rank, returncode=proc.returncode,
+                               stderr_tail=[t for r in sorted(tails) for t in tails[r]], timed_out=True)
+    rank = _failing_rank(launcher_lines, tails)
+    tail = list(tails.get(rank, [])) if rank is not None else list(launcher_lines)
+    where = f"rank {rank}" if rank is not None else "the launcher"
+    body = "\n".join(f"  {t}" for t in tail) or "  (no stderr)"
+    return HorovodRunError(f"{label}: {where} failed (exit code {proc.returncode}) after {wall:.1f} s; "
+                           f"all processes were stopped. Last stderr lines of {where}:\n{body}",
+                           rank=rank, returncode=proc.returncode, stderr_tail=tail)
+
+
+def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: float = 300, progress=True,
            env_extra=None, out_dir=None, tail_lines: int = 15, label: str | None = None,
            marker: str | None = None) -> list[dict]:
     """Run labkit.hvd_train on np_ ranks and return the ranks' result dicts (sorted by rank).
 
+    hosts: horovodrun -H entries ("node1:1,node2:1" or a list); default localhost, or the Slurm allocation.
     Streams rank 0's progress lines (progress=True prints them; a callable receives each parsed dict).
     On timeout, KeyboardInterrupt or a non-zero exit every process of the launch is killed and
     HorovodRunError is raised with the failing rank's last `tail_lines` stderr lines. Every process
-    carries MARKER_ENV=marker (a fresh id unless given), which is how stragglers are found and killed.
+    carries MARKER_ENV=marker (a fresh id unless given), which is how stragglers are found and killed,
+    by this function or, if the launcher itself dies, by its watchdog. A temporary out_dir is removed on
+    every path.
     """
-    if timeout <= 0:
-        raise ValueError(f"timeout must be > 0 seconds; got {timeout}")
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a finite number of seconds > 0; got {timeout!r}")
     own_dir = out_dir is None
     out = Path(tempfile.mkdtemp(prefix="labkit-scale-")) if own_dir else Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("rank*.json"):
-        old.unlink()
-    args = [*map(str, script_args), "--out", str(out)]
-    cmd = build_command(np_, args, launcher=launcher)
-    marker = marker or uuid.uuid4().hex
-    env = dict(os.environ)
-    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", MARKER_ENV: marker})
-    if launcher == "mpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env.update({k: str(v) for k, v in (env_extra or {}).items()})
-    env[MARKER_ENV] = marker
-    label = label or f"np={np_}"
-    tails = collections.defaultdict(lambda: collections.deque(maxlen=tail_lines))
-    launcher_lines = collections.deque(maxlen=tail_lines)
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, bufsize=1)
-    q = queue.Queue()
-    readers = [threading.Thread(target=_reader, args=(s, n, q), daemon=True)
-               for s, n in ((proc.stdout, "out"), (proc.stderr, "err"))]
-    for t in readers:
-        t.start()
-    open_streams, timed_out = 2, False
+    watchdog, cleaned = None, False
     try:
-        while open_streams:
-            remaining = timeout - (time.perf_counter() - start)
-            if remaining <= 0:
-                timed_out = True
-                break
-            try:
-                name, line = q.get(timeout=min(0.5, remaining))
-            except queue.Empty:
-                continue
-            if line is None:
-                open_streams -= 1
-                continue
-            m = _LINE.match(line)
-            if not m:
-                launcher_lines.append(line)
-                continue
-            rank, stream, text = int(m.group(1)), m.group(2), m.group(3)
-            if stream == "stderr":
-                tails[rank].append(text)
-            elif text.startswith(PROGRESS_TAG):
-                try:
-                    info = json.loads(text[len(PROGRESS_TAG):])
-                except ValueError:
-                    continue
-                if callable(progress):
-                    progress(info)
-                elif progress:
-                    print(f"{label}: step {info['step']}/{info['steps']}  loss {info['loss']:.3f}  "
-                          f"({info['elapsed_s']:.1f} s)", flush=True)
-        if not timed_out:
-            try:
-                proc.wait(timeout=max(0.1, timeout - (time.perf_counter() - start)))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-    except BaseException:  # KeyboardInterrupt (the notebook's stop button) included
-        kill_tree(proc, marker)
-        raise
-    finally:
-        if proc.poll() is None or marked_processes(marker):
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("rank*.json"):
+            old.unlink()
+        cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=launcher, hosts=hosts)
+        marker = marker or uuid.uuid4().hex
+        env = child_env(env_extra, marker)
+        if launcher == "mpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        label = label or f"np={np_}"
+        start = time.perf_counter()
+        proc = subprocess.Popen(_die_with_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True, bufsize=1)
+        watchdog = _start_watchdog(marker, proc.pid, out if own_dir else None)
+        try:
+            timed_out, tails, launcher_lines = _stream(proc, timeout, start, progress, label, tail_lines)
+        except BaseException:  # KeyboardInterrupt (the notebook's stop button, SIGTERM in the CLI) included
             kill_tree(proc, marker)
-    wall = time.perf_counter() - start
-    if timed_out:
-        rank = next((r for r in sorted(tails) if tails[r]), None)
-        detail = "\n".join(f"  [rank {r}] {t}" for r in sorted(tails) for t in tails[r]) or "  (no stderr)"
-        raise HorovodRunError(f"{label}: no result within timeout={timeout:g} s; every process was killed. "
-                              f"Last stderr lines:\n{detail}", rank=rank, returncode=proc.returncode,
-                              stderr_tail=[t for r in sorted(tails) for t in tails[r]], timed_out=True)
-    if proc.returncode != 0:
-        rank = _failing_rank(launcher_lines, tails)
-        tail = list(tails.get(rank, [])) if rank is not None else list(launcher_lines)
-        where = f"rank {rank}" if rank is not None else "the launcher"
-        body = "\n".join(f"  {t}" for t in tail) or "  (no stderr)"
-        raise HorovodRunError(f"{label}: {where} failed (exit code {proc.returncode}) after {wall:.1f} s; "
-                              f"all processes were stopped. Last stderr lines of {where}:\n{body}",
-                              rank=rank, returncode=proc.returncode, stderr_tail=tail)
-    results = []
-    for r in range(np_):
-        f = out / f"rank{r}.json"
-        if not f.is_file():
-            raise HorovodRunError(f"{label}: rank {r} exited cleanly but wrote no {f.name}", rank=r,
-                                  returncode=proc.returncode)
-        results.append(json.loads(f.read_text()))
-    for res in results:
-        res["wall_s"] = wall
-    if own_dir:
-        shutil.rmtree(out, ignore_errors=True)
-    return results
+            raise
+        finally:
+            if proc.poll() is None or marked_processes(marker):
+                kill_tree(proc, marker)
+            cleaned = True  # not reached if a second signal interrupts the cleanup: the watchdog finishes it
+        wall = time.perf_counter() - start
+        if timed_out or proc.returncode != 0:
+            raise _failure(label, timeout, wall, proc, timed_out, tails, launcher_lines)
+        results = []
+        for r in range(np_):
+            f = out / f"rank{r}.json"
+            if not f.is_file():
+                raise HorovodRunError(f"{label}: rank {r} exited cleanly but wrote no {f.name}", rank=r,
+                                      returncode=proc.returncode)
+            results.append(json.loads(f.read_text()))
+        for res in results:
+            res["wall_s"] = wall
+        return results
+    finally:
+        if own_dir:
+            shutil.rmtree(out, ignore_errors=True)
+        if watchdog is not None:
+            try:
+                watchdog.write("done" if cleaned else "")
+                watchdog.close()
+            except OSError:
+                pass
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--watchdog"]:
+    _watchdog_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "")

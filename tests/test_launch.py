@@ -121,3 +121,166 @@ def test_take_slots_hands_horovodrun_exactly_np_slots():
     assert launch.take_slots(["node1"], 1) == ["node1:1"]
     with pytest.raises(ValueError, match="np=5"):
         launch.take_slots(["node1:2", "node2:2"], 5)
+
+
+# ---------------------------------------------------------------- hosts, environment, bad input
+
+def test_hosts_use_horovodruns_syntax_and_bad_entries_name_the_parameter():
+    assert launch.parse_hosts("node1:1,node2:2") == ["node1:1", "node2:2"]
+    cmd = launch.build_command(2, launcher="gloo", hosts="node1:1,node2:1")
+    assert cmd[1:5] == ["-np", "2", "-H", "node1:1,node2:1"]
+    for bad in (["a:x"], ["a:0"], [":2"], ["a:-1"], "node1:1,,node2:1", []):
+        with pytest.raises(ValueError, match="hosts must"):
+            launch.take_slots(bad, 1)
+
+
+def test_child_env_is_an_allow_list():
+    base = {"PATH": "/usr/bin", "HOME": "/h", "LC_ALL": "C", "SLURM_JOB_ID": "7", "OMP_NUM_THREADS": "1",
+            "HOROVOD_FUSION_THRESHOLD": "0", "LABKIT_PROFILE": "quick", "TMPDIR": "/t",
+            "JUPYTER_TOKEN": "secret-xyz", "FOO_SECRET": "s", "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "g",
+            "LABKIT_API_KEY": "k2", "HTTPS_PROXY": "http://user:pw@proxy", "JPY_SESSION_NAME": "x"}
+    env = launch.child_env({"EXTRA": "1"}, marker="m", base=base)
+    assert {"PATH", "HOME", "LC_ALL", "SLURM_JOB_ID", "OMP_NUM_THREADS", "HOROVOD_FUSION_THRESHOLD",
+            "LABKIT_PROFILE", "TMPDIR", "EXTRA"} <= set(env)
+    assert env[launch.MARKER_ENV] == "m"
+    for leaked in ("JUPYTER_TOKEN", "FOO_SECRET", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "LABKIT_API_KEY",
+                   "HTTPS_PROXY", "JPY_SESSION_NAME"):
+        assert leaked not in env
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1])
+def test_launch_rejects_a_bad_timeout_before_anything_starts(timeout, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(ValueError, match="timeout must be"):
+        launch.launch(1, timeout=timeout)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- no secret reaches a rank; no orphan, ever
+
+def _sample_processes(stop, seen, secrets):
+    """Until stop is set: every process's command line, and the environment of the launch's ranks."""
+    while not stop.is_set():
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                cmd = "\0".join(p.info["cmdline"] or [])
+                if "labkit.hvd_train" in cmd and launch.MARKER_ENV in p.environ():
+                    seen["ranks"] += 1
+                    seen["leaks"] += [s for s in secrets if s in "\0".join(p.environ().values())]
+                seen["leaks"] += [s for s in secrets if s in cmd]
+            except (psutil.Error, OSError):
+                pass
+        time.sleep(0.05)
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_no_secret_reaches_a_rank_and_the_temp_dir_goes(tmp_path, monkeypatch):
+    secrets = ["secret-xyz", "foo-secret-value-42"]
+    monkeypatch.setenv("JUPYTER_TOKEN", secrets[0])
+    monkeypatch.setenv("FOO_SECRET", secrets[1])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import threading
+    stop, seen = threading.Event(), {"ranks": 0, "leaks": []}
+    sampler = threading.Thread(target=_sample_processes, args=(stop, seen, secrets), daemon=True)
+    sampler.start()
+    try:
+        ranks = launch.launch(1, scaling.train_args(**{**TINY, "repeats": 3}), timeout=240, progress=False)
+        with pytest.raises(launch.HorovodRunError):  # and a failed launch removes its folder too
+            launch.launch(1, scaling.train_args(**TINY, extra=["--fail-rank", "0", "--fault-at-step", "0"]),
+                          timeout=240, progress=False)
+    finally:
+        stop.set()
+        sampler.join()
+    assert ranks[0]["rank"] == 0
+    assert seen["ranks"] > 0, "the sampler never saw the rank: the test proves nothing"
+    assert seen["leaks"] == []
+    assert list(tmp_path.glob("labkit-scale-*")) == []
+
+
+def _marker_of(pid, deadline_s=60):
+    """The launch marker in the environment of pid's descendants (horovodrun and the ranks)."""
+    end = time.time() + deadline_s
+    while time.time() < end:
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                marker = child.environ().get(launch.MARKER_ENV)
+            except psutil.Error:
+                continue
+            if marker:
+                return marker
+        time.sleep(0.2)
+    raise AssertionError("no marked process under the launcher")
+
+
+def _count_after(marker, seconds=4.0):
+    time.sleep(seconds)
+    return len(launch.marked_processes(marker))
+
+
+LONG_RUN = ["--np", "2", "--batch-size", "16", "--steps", "2", "--repeats", "200", "--warmup-steps", "1",
+            "--timeout", "300"]
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGKILL", -9)])
+def test_killing_labkit_scale_mid_run_leaves_no_process(sig, code, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "scale", *LONG_RUN], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        marker = _marker_of(proc.pid)
+        for line in proc.stdout:  # mid-run: both ranks are training
+            if "step" in line:
+                break
+        assert launch.marked_processes(marker), "nothing was running"
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=30) == code
+        left = _count_after(marker)
+        print(f"{sig}: {left} processes with the run's marker after 4 s")
+        assert left == 0
+        assert list(tmp_path.glob("labkit-scale-*")) == []
+        if sig == "SIGTERM":
+            err = proc.stderr.read()
+            assert "stopped by signal" in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_restarting_the_jupyter_kernel_mid_run_leaves_no_process(tmp_path):
+    import os
+    from jupyter_client import KernelManager
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env={**os.environ, "TMPDIR": str(tmp_path)})
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        kc.execute("from labkit import scaling\n"
+                   "scaling.run(2, batch_size=16, steps=2, repeats=200, warmup_steps=1, timeout=300)")
+        marker = _marker_of(km.provisioner.process.pid, deadline_s=120)
+        end = time.time() + 120
+        while time.time() < end:  # mid-run: wait for rank 0's first progress line in the cell's output
+            msg = kc.get_iopub_msg(timeout=120)
+            if msg["msg_type"] == "stream" and "step" in msg["content"]["text"]:
+                break
+        assert launch.marked_processes(marker), "nothing was running"
+        km.restart_kernel(now=True)
+        left = _count_after(marker)
+        print(f"kernel restart: {left} processes with the run's marker after 4 s")
+        assert left == 0
+        assert list(tmp_path.glob("labkit-scale-*")) == []
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -112,3 +112,83 @@ def test_p10_and_cpu_efficiency_are_per_image_ratios():
     out = scaling.efficiency(df)
     assert list(out["p10_efficiency"]) == pytest.approx([1.0, 0.8])   # 10 ms/image vs 12.5 ms/image
     assert list(out["cpu_efficiency"]) == pytest.approx([1.0, 1.0])
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, nothing launched
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    calls = []
+    monkeypatch.setattr(scaling, "launch", lambda *a, **k: calls.append((a, k)) or pytest.fail("launched"))
+    return calls
+
+
+@pytest.mark.parametrize("args, name", [
+    (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"), (["--timeout", "0"], "--timeout"),
+    (["--timeout", "-5"], "--timeout"), (["--threads", "0"], "--threads"), (["--np", "0"], "--np"),
+    (["--np", "1,x"], "--np"), (["--np", "1.5"], "--np"), (["--hosts", "a:x"], "hosts"),
+    (["--hosts", "a:0"], "hosts"), (["--np", "3", "--hosts", "a:1,b:1"], "np=3"),
+    (["--batch-size", "0"], "--batch-size"), (["--warmup-steps", "-1"], "--warmup-steps"),
+])
+def test_cli_rejects_bad_input_in_one_line(args, name, capsys, no_launch):
+    with pytest.raises(SystemExit) as e:
+        scaling.cli_main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and name in err and "Traceback" not in err
+    assert no_launch == []
+
+
+def test_cli_checks_the_json_path_and_the_profile_first(tmp_path, capsys, monkeypatch, no_launch):
+    for path, says in ((tmp_path / "missing" / "out.json", "does not exist"), (tmp_path, "is a directory")):
+        with pytest.raises(SystemExit) as e:
+            scaling.cli_main(["--json", str(path)])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    monkeypatch.setenv("LABKIT_PROFILE", "fastest")
+    with pytest.raises(SystemExit) as e:
+        scaling.cli_main([])
+    assert e.value.code == 2 and "LABKIT_PROFILE" in capsys.readouterr().err
+
+
+def test_cli_rejects_an_unknown_model_without_loading_tensorflow(capsys, no_launch):
+    import sys
+    tf_loaded = "tensorflow" in sys.modules
+    with pytest.raises(SystemExit) as e:
+        scaling.cli_main(["--model", "no_such_net"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "model must be one of" in err and "resnet50" in err
+    assert ("tensorflow" in sys.modules) == tf_loaded
+
+
+def test_run_rejects_bad_threads_timeout_and_hosts(no_launch):
+    with pytest.raises(ValueError, match="threads"):
+        scaling.run([1], threads=0)
+    with pytest.raises(ValueError, match="timeout"):
+        scaling.run([1], timeout=float("nan"))
+    with pytest.raises(ValueError, match="hosts"):
+        scaling.run([1], hosts=["node1:x"])
+
+
+def test_help_says_each_worker_owns_a_fixed_share(capsys):
+    with pytest.raises(SystemExit):
+        scaling.cli_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fixed share" in text and "default 1" in text and "--hosts" in text and "node1:1,node2:1" in text
+
+
+def test_cli_hands_hosts_and_one_thread_per_worker_to_the_launcher(monkeypatch, capsys, tmp_path):
+    calls = []
+
+    def fake_launch(n, args, **kw):
+        calls.append((n, list(args), kw))
+        return [_fake_rank(r, n, [10.0, 10.0], "c") for r in range(n)]
+
+    monkeypatch.setattr(scaling, "launch", fake_launch)
+    out = tmp_path / "scale.json"
+    assert scaling.cli_main(["--np", "2", "--hosts", "node1:1,node2:1", "--json", str(out), "--quiet"]) == 0
+    (n, args, kw), = calls
+    assert n == 2 and kw["hosts"] == "node1:1,node2:1"
+    assert args[args.index("--threads") + 1] == "1"
+    printed = capsys.readouterr().out
+    assert printed.startswith("data: an offline synthetic set") and "the ranks trained on: synthetic" in printed
+    assert json.loads(out.read_text())["hosts"] == "node1:1,node2:1"
