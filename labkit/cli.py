@@ -2,12 +2,19 @@
 
 Each command lives in the module that does the work, as `cli_main(argv) -> int`; this file only
 routes to it, so `labkit --help` stays fast (nothing heavy is imported until a command runs).
+
+Bad input is one line on stderr and exit status 2, before any work: LABKIT_PROFILE is checked before a
+command starts, and a ValueError, TypeError or OSError escaping a command is printed as one line
+(LABKIT_DEBUG=1 shows the traceback instead). (00_welcome)
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from labkit import config
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -43,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         parser.error(f"unknown command {name!r}; choose from: {', '.join(COMMANDS)}")
+    debug = os.environ.get("LABKIT_DEBUG", "").strip() not in ("", "0")
+    asks_help = any(a in ("-h", "--help") for a in rest)
+    if name != "doctor" and not asks_help:  # doctor reports a bad profile as one of its checks
+        try:
+            config.profile()
+        except ValueError as err:
+            return _one_line(name, err)
     module_name = COMMANDS[name][0]
     module = importlib.import_module(module_name)
     entry = getattr(module, "cli_main", None)
@@ -54,6 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\nlabkit {name}: interrupted", file=sys.stderr)
         return 130
+    except (ValueError, TypeError, OSError) as err:
+        if debug:
+            raise
+        return _one_line(name, err, hint=True)
+
+
+def _one_line(name: str, err: BaseException, hint: bool = False) -> int:
+    """Print err as one line on stderr (what was wrong and the fix, no traceback); exit status 2."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    more = " (LABKIT_DEBUG=1 shows the traceback)" if hint else ""
+    print(f"labkit {name}: {text}{more}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

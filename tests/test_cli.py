@@ -1,8 +1,11 @@
+import os
 import subprocess
 import sys
+import types
 
 import pytest
 
+from labkit import cli
 from labkit.cli import COMMANDS
 
 
@@ -29,3 +32,69 @@ def test_unknown_command_is_an_error():
     proc = run("dcotor")
     assert proc.returncode == 2
     assert "unknown command 'dcotor'" in proc.stderr and "doctor" in proc.stderr
+
+
+# A command's --help answers without importing TensorFlow (a login node, a laptop without the venv warm):
+# the module behind each command imports TF lazily, inside the functions that need it.
+HELP_PROBE = """
+import contextlib, io, sys
+from labkit.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        main(sys.argv[1:])
+    except SystemExit:
+        pass
+print("tensorflow" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"]] + [[name, "--help"] for name in COMMANDS], ids=" ".join)
+def test_help_does_not_import_tensorflow(argv):
+    proc = subprocess.run([sys.executable, "-c", HELP_PROBE, *argv], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False", f"`labkit {' '.join(argv)}` imported tensorflow"
+
+
+@pytest.mark.parametrize("argv", [["data", "where"], ["conv-bench"], ["sweep"], ["scale"], ["flops"]])
+def test_bad_profile_is_one_line_before_the_command_runs(argv):
+    env = dict(os.environ, LABKIT_PROFILE="bogus")
+    proc = subprocess.run([sys.executable, "-m", "labkit", *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "LABKIT_PROFILE" in proc.stderr and "'bogus'" in proc.stderr and "quick, workshop, full" in proc.stderr
+    assert proc.stdout == ""  # nothing ran
+
+
+@pytest.fixture
+def fake_command(monkeypatch):
+    """`labkit boom` routed to a module whose cli_main raises what it is given."""
+    module = types.ModuleType("labkit_fake_boom")
+    monkeypatch.setitem(sys.modules, "labkit_fake_boom", module)
+    monkeypatch.setitem(cli.COMMANDS, "boom", ("labkit_fake_boom", "raise"))
+    monkeypatch.delenv("LABKIT_PROFILE", raising=False)
+    monkeypatch.delenv("LABKIT_DEBUG", raising=False)
+    return module
+
+
+@pytest.mark.parametrize("exc", [ValueError("--timeout must be a positive number of seconds; got nan"),
+                                 OSError(13, "Permission denied: --json /ro/x.json")])
+def test_bad_input_from_a_command_is_one_line_exit_2(fake_command, exc, capsys):
+    def cli_main(argv):
+        raise exc
+
+    fake_command.cli_main = cli_main
+    assert cli.main(["boom"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("labkit boom: ") and "Traceback" not in err
+    assert str(exc.args[-1]).split(":")[0] in err and "LABKIT_DEBUG=1" in err
+
+
+def test_labkit_debug_shows_the_traceback(fake_command, monkeypatch):
+    def cli_main(argv):
+        raise ValueError("--np must be positive")
+
+    fake_command.cli_main = cli_main
+    monkeypatch.setenv("LABKIT_DEBUG", "1")
+    with pytest.raises(ValueError, match="--np"):
+        cli.main(["boom"])
