@@ -229,6 +229,7 @@ cmd_up() {
   done
   if ! echo "$n" | grep -Eq '^[0-9]+$' || [ "$n" -lt 1 ] || [ "$n" -gt 32 ]; then die "--nodes must be an integer 1..32; got '$n'"; fi
   valid_rate "$rate" || die "--rate must be a tc rate such as 1gbit or 100mbit; got '$rate'"
+  valid_delay "$delay" || die "--delay must be a tc time such as 0.2ms or 50us (or 0 for none); got '$delay'"
   need_root
   check_delay "$delay"
   need_commands ip tc ss setsid unshare nsenter sshd ssh-keygen munged mungekey slurmctld slurmd scontrol sinfo
@@ -331,6 +332,7 @@ cmd_shape() {
     esac
   done
   valid_rate "$rate" || die "--rate must be a tc rate such as 1gbit or 100mbit; got '$rate'"
+  valid_delay "$delay" || die "--delay must be a tc time such as 0.2ms or 50us (or 0 for none); got '$delay'"
   need_root
   check_delay "$delay"
   n="$(nodes_up)"

@@ -1,0 +1,277 @@
+"""Horovod across the virtual cluster of scripts/vcluster.sh: runs, link bytes, calibration, prediction.
+
+scripts/vcluster.sh (root, Linux) makes nodes labkit-node1..N as network namespaces joined by tc-shaped
+links. This module launches labkit.hvd_train on them the way a job does (horovodrun started on the first
+node, ranks reached by ssh), reads the bytes that crossed each node's link, calibrates the ring-allreduce
+model of labkit.allreduce (alpha: latency per message, beta: seconds per byte) at a link setting, and
+checks how well that model predicts the step time of a real training run across the nodes.
+
+`measure(rates)` does the whole experiment and returns one JSON-able dict; `load_results()` reads the
+committed copy (notebooks/results/vcluster.json) for machines where the cluster cannot be built.
+TensorFlow is never imported here: the ranks import it. Introduced in notebooks/04_horovod_scaling.ipynb.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "vcluster.sh"
+RESULTS = ROOT / "notebooks" / "results" / "vcluster.json"
+PREFIX = "labkit-node"
+STATE_DIR = Path(os.environ.get("LABKIT_VCLUSTER_DIR", "/run/labkit-vcluster"))
+RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}
+
+
+def rate_bits(rate: str) -> float:
+    """tc's rate string in bits/s: '1gbit' -> 1e9, '100mbit' -> 1e8 (tc's units: k = 1000)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?(?:bit|bps))", str(rate).strip().lower())
+    if not m:
+        raise ValueError(f"rate must be a tc rate such as '1gbit' or '100mbit'; got {rate!r}")
+    return float(m[1]) * RATE_UNITS[m[2]]
+
+
+def why_not() -> str | None:
+    """None when this machine can build the virtual cluster, else the reason in one line."""
+    if sys.platform != "linux":
+        return f"the virtual cluster needs Linux network namespaces; this is {sys.platform}"
+    if os.geteuid() != 0:
+        return "the virtual cluster needs root (network namespaces, tc and the daemons)"
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    missing = [c for c in ("ip", "tc", "nsenter", "sshd", "munged", "slurmctld", "slurmd")
+               if shutil.which(c, path=path) is None]
+    if missing:
+        return (f"{', '.join(missing)} not installed (apt-get install iproute2 openssh-server "
+                "slurmctld slurmd slurm-client munge)")
+    return None
+
+
+def _script(*args, timeout=180, check=True) -> subprocess.CompletedProcess:
+    res = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"vcluster.sh {' '.join(args)} -> {res.returncode}: {res.stderr.strip()[-2000:]}")
+    return res
+
+
+def up(nodes: int = 2, rate: str = "1gbit") -> str:
+    """Bring the cluster up (or leave a matching one as it is); returns vcluster.sh's listing."""
+    rate_bits(rate)
+    return _script("up", "--nodes", str(int(nodes)), "--rate", rate).stdout
+
+
+def shape(rate: str) -> None:
+    """Set every node's link to `rate` (both directions)."""
+    rate_bits(rate)
+    _script("shape", "--rate", rate)
+
+
+def down() -> None:
+    _script("down")
+
+
+def nodes_up() -> int:
+    try:
+        return int((STATE_DIR / "nodes").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def link_bytes() -> dict:
+    """{'lkv1': {'rx': ..., 'tx': ...}, ...}: the host ends of the nodes' links (rx = what the node sent)."""
+    out = {}
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        name, _, fields = line.partition(":")
+        name = name.strip()
+        if re.fullmatch(r"lkv\d+", name):
+            f = fields.split()
+            out[name] = {"rx": int(f[0]), "tx": int(f[8])}
+    return out
+
+
+def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=None) -> dict:
+    """horovodrun -np np_ across the nodes (one rank per node unless hosts says otherwise).
+
+    Returns {"ranks": [rank JSON ...], "link_bytes": {link: {"rx", "tx"} sent during the run},
+    "wall_s": ...}. rank_args go to `python -m labkit.hvd_train` (or its --bench-allreduce mode).
+    """
+    n = nodes_up()
+    if n < 1:
+        raise RuntimeError("no virtual cluster is up: scripts/vcluster.sh up (as root)")
+    hosts = hosts or ",".join(f"{PREFIX}{i + 1}:1" for i in range(np_))
+    venv_bin = Path(sys.executable).parent
+    out = Path(tempfile.mkdtemp(prefix="labkit-vc-"))
+    cmd = ["bash", str(SCRIPT), "exec", f"{PREFIX}1", str(venv_bin / "horovodrun"), "--gloo", "-np", str(np_),
+           "-H", hosts, "--network-interface", "eth0",
+           str(venv_bin / "python"), "-m", "labkit.hvd_train", "--out", str(out), *map(str, rank_args)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+               PATH=f"{venv_bin}:{os.environ.get('PATH', '')}:/usr/sbin:/sbin", **(env_extra or {}))
+    before, t0 = link_bytes(), time.perf_counter()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        wall, after = time.perf_counter() - t0, link_bytes()
+        ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    if res.returncode != 0 or len(ranks) != np_:
+        tail = "\n".join(res.stdout.splitlines()[-10:] + res.stderr.splitlines()[-20:])
+        raise RuntimeError(f"horovodrun on {hosts} -> exit {res.returncode}, {len(ranks)} of {np_} rank files\n{tail}")
+    moved = {k: {d: after[k][d] - before.get(k, {}).get(d, 0) for d in ("rx", "tx")} for k in after}
+    return {"ranks": sorted(ranks, key=lambda r: r["rank"]), "link_bytes": moved, "wall_s": wall}
+
+
+def calibrate(sizes=(4096, 65536, 262144, 1 << 20, 4 << 20, 8 << 20), repeats=7, chain=5, np_=2) -> dict:
+    """hvd.allreduce time per message size across np_ nodes, fitted to the ring model.
+
+    A collective ends when its slowest rank does: the time per size is the maximum over ranks.
+    """
+    from labkit import allreduce
+    run = hvd_run(np_, ["--bench-allreduce", "--sizes", ",".join(map(str, sizes)), "--repeats", repeats,
+                        "--chain", chain, "--threads", 1])
+    rows = {}
+    for r in run["ranks"]:
+        for row in r["allreduce"]:
+            rows[row["bytes"]] = max(rows.get(row["bytes"], 0.0), row["time_s"])
+    n = sorted(rows)
+    fit = allreduce.fit_alpha_beta(n, [rows[b] for b in n], p=np_)
+    return {"bytes": n, "time_s": [rows[b] for b in n], "alpha_s": fit.alpha, "beta_s_per_byte": fit.beta,
+            "bandwidth_bits": 8.0 / fit.beta, "model_s": [float(fit.time(b, np_)) for b in n]}
+
+
+def _median(xs):
+    xs = sorted(xs)
+    k = len(xs) // 2
+    return xs[k] if len(xs) % 2 else 0.5 * (xs[k - 1] + xs[k])
+
+
+def train_step_times(np_=2, model="seed002", batch_size=32, steps=6, repeats=3, sync=True, env_extra=None) -> dict:
+    """Median step time of a real training run across np_ nodes (slowest rank), with and without sync."""
+    args = ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", repeats,
+            "--warmup-steps", 3, "--threads", 1, "--num-examples", max(512, 2 * np_ * batch_size)]
+    if not sync:
+        args.append("--no-sync")
+    run = hvd_run(np_, args, env_extra=env_extra)
+    ranks = run["ranks"]
+    return {"step_s": max(_median(r["step_times_s"]) for r in ranks),
+            "step_times_s": [r["step_times_s"] for r in ranks],
+            "checksums": [r["checksum"] for r in ranks], "hosts": [r["host"] for r in ranks],
+            "grad_tensors": ranks[0]["grad_tensors"], "grad_bytes": ranks[0]["grad_bytes"],
+            "link_bytes": run["link_bytes"], "wall_s": run["wall_s"]}
+
+
+def predict_step(compute_s: float, grad_tensors, alpha: float, beta: float, p: int = 2,
+                 threshold: float = 64 * 2**20) -> dict:
+    """Predicted step = compute (measured without sync) + the fused ring allreduces (no overlap assumed)."""
+    from labkit import allreduce
+    net = allreduce.AllreduceModel(alpha=alpha, beta=beta)
+    comm = net.fused_time(grad_tensors, p, threshold)
+    return {"compute_s": compute_s, "comm_s": comm, "step_s": allreduce.step_time(p, compute_s, grad_tensors, net,
+                                                                                 0.0, threshold)}
+
+
+def measure(rates=("1gbit", "100mbit"), model="seed002", batch_size=32, np_=2, progress=print) -> dict:
+    """The whole experiment at each link rate: calibration, fit, training with and without sync, prediction."""
+    from labkit import machine
+    rows = []
+    for rate in rates:
+        shape(rate)
+        progress(f"{rate}: calibrating hvd.allreduce across {np_} nodes")
+        cal = calibrate(np_=np_)
+        progress(f"{rate}: alpha {cal['alpha_s'] * 1e6:.0f} us, fitted {cal['bandwidth_bits'] / 1e6:.0f} Mbit/s; "
+                 "training without and with gradient sync")
+        alone = train_step_times(np_, model, batch_size, sync=False)
+        synced = train_step_times(np_, model, batch_size, sync=True)
+        pred = predict_step(alone["step_s"], synced["grad_tensors"], cal["alpha_s"], cal["beta_s_per_byte"], np_)
+        rows.append({"rate": rate, "rate_bits": rate_bits(rate), "calibration": cal, "no_sync": alone,
+                     "sync": synced, "predicted": pred,
+                     "ratio": synced["step_s"] / pred["step_s"]})
+        progress(f"{rate}: step measured {synced['step_s'] * 1e3:.0f} ms, predicted {pred['step_s'] * 1e3:.0f} ms")
+    return {"model": model, "batch_size_per_rank": batch_size, "np": np_, "machine": machine.describe(),
+            "date": time.strftime("%Y-%m-%d"), "settings": rows}
+
+
+def load_results(path=RESULTS) -> dict:
+    """The committed measurement (for machines where the cluster cannot be built)."""
+    return json.loads(Path(path).read_text())
+
+
+def table(results: dict):
+    """One row per link rate: tc rate, fitted bandwidth and latency, measured vs predicted step time."""
+    import pandas as pd
+    rows = []
+    for s in results["settings"]:
+        cal = s["calibration"]
+        rows.append({"link (tc rate)": s["rate"], "fitted bandwidth (Mbit/s)": cal["bandwidth_bits"] / 1e6,
+                     "fitted / tc rate": cal["bandwidth_bits"] / s["rate_bits"],
+                     "latency alpha (us)": cal["alpha_s"] * 1e6,
+                     "compute (ms)": s["predicted"]["compute_s"] * 1e3,
+                     "allreduce, model (ms)": s["predicted"]["comm_s"] * 1e3,
+                     "predicted step (ms)": s["predicted"]["step_s"] * 1e3,
+                     "measured step (ms)": s["sync"]["step_s"] * 1e3,
+                     "measured / predicted": s["ratio"]})
+    return pd.DataFrame(rows).set_index("link (tc rate)")
+
+
+def plot(results: dict, ax=None):
+    """Measured vs predicted step time against link speed, the compute part shaded."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(6, 3.8))[1]
+    settings = sorted(results["settings"], key=lambda s: s["rate_bits"])
+    x = [s["rate_bits"] / 1e6 for s in settings]
+    ax.plot(x, [s["predicted"]["step_s"] * 1e3 for s in settings], "o--", label="predicted (compute + allreduce model)")
+    ax.plot(x, [s["sync"]["step_s"] * 1e3 for s in settings], "s-", label="measured, 2 nodes")
+    ax.plot(x, [s["predicted"]["compute_s"] * 1e3 for s in settings], ":", color="gray",
+            label="compute alone (no gradient sync)")
+    ax.set_xscale("log")
+    ax.set_xlabel("link speed (Mbit/s)")
+    ax.set_ylabel("time per training step (ms)")
+    ax.set_title(f"{results['model']}, batch {results['batch_size_per_rank']} per node, {results['np']} nodes")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m labkit.vcluster",
+                                description="Calibrate and check the allreduce model on the virtual cluster.")
+    p.add_argument("--rates", default="1gbit,100mbit", help="comma-separated tc rates")
+    p.add_argument("--model", default="seed002")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args(argv)
+    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
+    try:
+        for r in rates:
+            rate_bits(r)
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1; got {args.batch_size}")
+    except ValueError as err:
+        print(f"vcluster: {err}", file=sys.stderr)
+        return 2
+    reason = why_not()
+    if reason:
+        print(f"vcluster: {reason}", file=sys.stderr)
+        return 2
+    started = nodes_up() < 2
+    if started:
+        up(2, rates[0])
+    try:
+        res = measure(rates, args.model, args.batch_size)
+    finally:
+        if started:
+            down()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    print(table(res).round(3).to_string())
+    print("written:", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

