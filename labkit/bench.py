@@ -338,7 +338,7 @@ def _unwritable(path: str) -> str:
         return "is a folder; give a file name"
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
-        return f"folder {folder} does not exist"
+        return f"{folder} is not a folder" if folder.exists() else f"folder {folder} does not exist"
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         return "not writable"
     return ""

@@ -164,11 +164,23 @@ def geometry(input_shape, kernel_size, strides=1, padding="VALID", dilations=1) 
     return ConvGeometry(n, h, w, c, kh, kw, sh, sw, dh, dw, pt, pb, pl, pr, h_out, w_out)
 
 
+def _check_not_empty(x: np.ndarray, w: np.ndarray | None = None):
+    """Refuse empty batches and channels. TensorFlow refuses a filter with a zero dimension ("filter must not
+    have zero elements"); for N = 0 its oneDNN kernel returns an array with the wrong channel count."""
+    if x.shape[0] < 1:
+        raise ValueError(f"x must hold at least one image: N = x.shape[0] must be >= 1; got shape {x.shape}")
+    if x.shape[3] < 1:
+        raise ValueError(f"x must have at least one channel: C = x.shape[3] must be >= 1; got shape {x.shape}")
+    if w is not None and w.shape[3] < 1:
+        raise ValueError(f"w must have at least one filter: C_out = w.shape[3] must be >= 1; got shape {w.shape}")
+
+
 def _check_conv_args(x, w, strides, padding, dilations):
     x = _as_float_array(x, "x")
     w = _as_float_array(w, "w")
     _check_rank4(x, "x", "NHWC (batch, height, width, channels)")
     _check_rank4(w, "w", "HWIO (kernel height, kernel width, in channels, out channels)")
+    _check_not_empty(x, w)
     if w.shape[2] != x.shape[3]:
         raise ValueError(f"channel mismatch: w has {w.shape[2]} input channels (w.shape[2]) but x has "
                          f"{x.shape[3]} (x.shape[3])")
@@ -324,6 +336,7 @@ def im2col(x, kernel_size, strides=1, padding="VALID", dilations=1) -> np.ndarra
     """The (N*H_out*W_out, kh*kw*C) matrix whose row r is output pixel r's receptive field (02_im2col)."""
     x = _as_float_array(x, "x")
     _check_rank4(x, "x", "NHWC (batch, height, width, channels)")
+    _check_not_empty(x)
     g = geometry(x.shape, kernel_size, strides, padding, dilations)
     chunks = _chunks(g, None)
     return np.array(_ColumnBuilder(x, g, chunks, x.dtype).columns(*chunks[0]), copy=True)

@@ -5,6 +5,8 @@ summation orders differ by about K * 2**-24 * |terms|; with K <= 60 here, atol =
 that bound and still catches any wrong index (which moves results by order 1). float64 checks
 between labkit's own two implementations use 1e-10.
 """
+import re
+
 import labkit  # noqa: F401  (before TensorFlow: quiet C++ logs)
 import numpy as np
 import pytest
@@ -353,3 +355,19 @@ def test_other_bad_arguments_name_the_parameter():
         conv.conv2d_im2col_backward(np.zeros((1, 3, 3, 3), np.float32), X, W)
     with pytest.raises(TypeError, match="dy must be a float"):
         conv.conv2d_im2col_backward(np.zeros((1, 3, 3, 4), int), X, W)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, word", [((0, 8, 8, 3), (3, 3, 3, 4), "N = x.shape[0]"),
+                                                    ((1, 8, 8, 0), (3, 3, 0, 4), "C = x.shape[3]"),
+                                                    ((1, 8, 8, 3), (3, 3, 3, 0), "C_out = w.shape[3]")])
+def test_empty_batch_or_channels_are_refused_like_tensorflow(x_shape, w_shape, word):
+    x, w = np.zeros(x_shape, np.float32), np.zeros(w_shape, np.float32)
+    for fn in (conv.conv2d_im2col, conv.conv2d_naive):
+        with pytest.raises(ValueError, match=re.escape(word)):
+            fn(x, w, 1, "SAME")
+    if 0 in w_shape:  # the oracle: TensorFlow refuses a filter with a zero dimension too
+        with pytest.raises(tf.errors.InvalidArgumentError):
+            tf.nn.conv2d(x, w, 1, "SAME")
+    if x_shape[0] == 0 or x_shape[3] == 0:
+        with pytest.raises(ValueError, match=re.escape(word)):
+            conv.im2col(x, 3)
