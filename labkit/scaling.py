@@ -95,13 +95,13 @@ def model_names() -> tuple:
     return tuple(sorted({*out.stdout.split(), DEFAULT_MODEL}))
 
 
-def check_model(model) -> None:
-    """ValueError naming `model` unless the ranks can build it (small_cnn is checked for free)."""
+def check_model(model, name: str = "model") -> None:
+    """ValueError naming `name` (the parameter) unless the ranks can build model (small_cnn is checked for free)."""
     if model == DEFAULT_MODEL:
         return
     names = model_names()
     if model not in names:
-        raise ValueError(f"model must be one of {', '.join(names)}; got {model!r}")
+        raise ValueError(f"{name} must be one of {', '.join(names)}; got {model!r}")
 
 
 def data_note(data: str) -> str:
@@ -274,11 +274,14 @@ def _check_args(a) -> None:
     if not 0 < a.timeout < math.inf:
         raise ValueError(f"--timeout must be a finite number of seconds > 0; got {a.timeout}")
     if a.hosts is not None:
-        for n in a.np:
-            take_slots(a.hosts, n)
+        try:
+            for n in a.np:
+                take_slots(a.hosts, n)
+        except ValueError as err:
+            raise ValueError(f"--hosts: {err}") from None
     if a.json_path:
         _check_json_path(a.json_path)
-    check_model(a.model)
+    check_model(a.model, "--model")
 
 
 def cli_main(argv=None) -> int:
