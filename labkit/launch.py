@@ -36,8 +36,7 @@ _LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 # The environment a launch hands on: these names and prefixes, minus anything that looks like a credential.
 ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "HOSTNAME",
              "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "KERAS_HOME",
-             "XDG_CACHE_HOME", "MPLBACKEND", "MPLCONFIGDIR",
-             "SSH_AUTH_SOCK")  # a socket path (only its owner can use it), needed by horovodrun's ssh to other hosts
+             "XDG_CACHE_HOME", "MPLBACKEND", "MPLCONFIGDIR", "SSH_AUTH_SOCK")  # ssh to other hosts: a path
 ENV_ALLOW_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NCCL_", "HOROVOD_", "GLOO_", "OMP_", "MKL_",
                       "KMP_", "OPENBLAS_", "BLIS_", "TF_", "XLA_", "SLURM_", "OMPI_", "PMIX_", "PMI_", "LABKIT_")
 _ENV_DENY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|COOKIE|(^|_)(API_?)?KEY($|_)", re.IGNORECASE)
@@ -130,6 +129,8 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
     python = python or sys.executable
     worker = [python, "-m", "labkit.hvd_train", *map(str, script_args)]
     if launcher == "srun":
+        if hosts is not None:
+            raise ValueError("hosts cannot be given with launcher='srun': srun starts the ranks on its allocation")
         return ["srun", "--ntasks", str(np_), "--kill-on-bad-exit=1", *worker]
     exe = horovodrun_path()
     if exe is None:

@@ -129,6 +129,8 @@ def test_hosts_use_horovodruns_syntax_and_bad_entries_name_the_parameter():
     assert launch.parse_hosts("node1:1,node2:2") == ["node1:1", "node2:2"]
     cmd = launch.build_command(2, launcher="gloo", hosts="node1:1,node2:1")
     assert cmd[1:5] == ["-np", "2", "-H", "node1:1,node2:1"]
+    with pytest.raises(ValueError, match="hosts cannot be given with launcher='srun'"):
+        launch.build_command(2, launcher="srun", hosts="node1:1,node2:1")
     for bad in (["a:x"], ["a:0"], [":2"], ["a:-1"], "node1:1,,node2:1", []):
         with pytest.raises(ValueError, match="hosts must"):
             launch.take_slots(bad, 1)
