@@ -399,56 +399,10 @@ def count_named(name: str, input_size: int | None = None, classes: int = 1000, *
     return _NAMED_CACHE[key]
 
 
-# ---------------------------------------------------------------- TensorFlow's own count
-# the profiler's op types whose float_ops are 2 x the MACs of labkit's conv and dense rows
-TF_MAC_OPS = ("Conv2D", "Conv3D", "DepthwiseConv2dNative", "Conv2DBackpropInput", "MatMul", "BatchMatMulV2")
-
-
-def tf_profiler_flops(model) -> dict:
-    """TensorFlow's profiler count of the model's frozen inference graph at batch 1: {op type: float_ops}.
-
-    The oracle for count(): its TF_MAC_OPS entries (Conv2D, MatMul, ...) add up to 2 x MACs; BiasAdd,
-    MaxPool/AvgPool/Mean, AddV2 and Softmax are the optional costs. The profiler has no rule for
-    ReLU or fused batch norm. Freezing embeds every weight in the graph and TensorFlow's converter needs
-    about 40 bytes per parameter: prefer small models and input sizes.
-    """
-    import tensorflow as tf
-    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
-
-    if not _is_model(model):
-        raise TypeError(f"model must be a built tf.keras Model; got {type(model).__name__}")
-    # Keras runs grouped convolutions inside an XLA-compiled function the profiler cannot see into;
-    # trace them as plain Conv2D ops instead (only traced here, never executed).
-    patched = [layer for layer in model._flatten_layers(include_self=False)
-               if getattr(layer, "groups", 1) > 1 and hasattr(layer, "convolution_op")]
-    for layer in patched:
-        layer._jit_compiled_convolution_op = layer.convolution_op
-    try:
-        specs = [tf.TensorSpec((1,) + tuple(t.shape[1:]), t.dtype) for t in model.inputs]
-        fn = tf.function(lambda *x: model(list(x) if len(x) > 1 else x[0], training=False))
-        frozen = convert_variables_to_constants_v2(fn.get_concrete_function(*specs))
-    finally:
-        for layer in patched:
-            del layer._jit_compiled_convolution_op
-    graph = frozen.graph
-    builder = tf.compat.v1.profiler.ProfileOptionBuilder
-    options = builder(builder.float_operation()).with_empty_output().build()
-    profile = tf.compat.v1.profiler.profile(graph=graph, cmd="scope", options=options)
-    by_type: dict = {}
-    stack = list(profile.children)  # the scope view nests ops whose names extend another op's name
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if node.float_ops:
-            op_type = graph.get_operation_by_name(node.name).type
-            by_type[op_type] = by_type.get(op_type, 0) + int(node.float_ops)
-    return by_type
-
-
 # ---------------------------------------------------------------- memory
 def training_state_bytes(report: FlopsReport, optimizer_slots: int = 1) -> int:
     """Weights + gradients + optimizer slots (SGD momentum 1, Adam 2) at 4 bytes per value."""
-    if not isinstance(optimizer_slots, int) or optimizer_slots < 0:
+    if isinstance(optimizer_slots, bool) or not isinstance(optimizer_slots, int) or optimizer_slots < 0:
         raise ValueError(f"optimizer_slots must be a non-negative int; got {optimizer_slots!r}")
     return report.param_bytes + BYTES_PER_VALUE * report.trainable_params * (1 + optimizer_slots)
 
@@ -460,8 +414,10 @@ def max_batch_size(report: FlopsReport, memory_bytes: float, *, training: bool =
     A model-only estimate: framework workspace and fragmentation are what reserve_bytes is for.
     Returns 0 when not even the weights fit.
     """
-    if not isinstance(memory_bytes, (int, float)) or memory_bytes <= 0:
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, (int, float)) or not memory_bytes > 0:
         raise ValueError(f"memory_bytes must be a positive number; got {memory_bytes!r}")
+    if isinstance(reserve_bytes, bool) or not isinstance(reserve_bytes, (int, float)) or not reserve_bytes >= 0:
+        raise ValueError(f"reserve_bytes must be a number >= 0; got {reserve_bytes!r}")
     fixed = training_state_bytes(report, optimizer_slots) if training else report.param_bytes
     per_image = report.activation_bytes(training=training)
     free = memory_bytes - reserve_bytes - fixed
@@ -481,18 +437,19 @@ def memory_table(report: FlopsReport, optimizer_slots: int = 1) -> dict:
 def training_flops(report: FlopsReport, images: int, epochs: int = 1) -> float:
     """FLOPs of training: forward + backward ~ 3 x forward (backward computes gradients for both inputs
     and weights, each as costly as the forward pass), per image, times images x epochs."""
+    for name, value in (("images", images), ("epochs", epochs)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive number; got {value!r}")
     return 3.0 * report.flops * images * epochs
 
 
 # ---------------------------------------------------------------- CLI
 def cli_main(argv: list[str]) -> int:
     """`labkit flops NAME [--input-size N] [--json]`."""
-    from labkit import models
-
-    parser = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(  # --help must answer without TensorFlow: no model list here
         prog="labkit flops",
         description="Per-layer params, MACs and FLOPs (= 2 x MACs, conv and dense only) of a named model, "
-                    "per image. Models: " + ", ".join(models.names()))
+                    "per image. An unknown NAME lists the models.")
     parser.add_argument("name", help="model name, e.g. vgg16, resnet50, alexnet_grouped")
     parser.add_argument("--input-size", type=int, default=None, metavar="N",
                         help="square input N x N x 3 (default: the model's own, 224 or 227)")
@@ -504,10 +461,14 @@ def cli_main(argv: list[str]) -> int:
         parser.add_argument("--" + option.replace("_", "-"), action="store_true",
                             help=f"also count {option[6:]} FLOPs (off by default, as the papers)")
     args = parser.parse_args(argv)
-    if args.name not in models.names():
-        parser.error(f"unknown model {args.name!r}; choose from: {', '.join(models.names())}")
     if args.input_size is not None and args.input_size < 1:
         parser.error(f"--input-size must be a positive int; got {args.input_size}")
+    if args.classes < 1:
+        parser.error(f"--classes must be a positive int; got {args.classes}")
+    from labkit import models
+
+    if args.name not in models.names():
+        parser.error(f"unknown model {args.name!r}; choose from: {', '.join(models.names())}")
     import labkit
 
     labkit.quiet()

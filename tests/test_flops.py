@@ -7,7 +7,7 @@ import pytest
 
 import labkit  # noqa: F401
 import labkit.models
-from labkit import flops
+from labkit import flops, flops_tf
 
 tf = pytest.importorskip("tensorflow")
 L = tf.keras.layers
@@ -113,7 +113,7 @@ def profiled():
     def get(name):
         if name not in cache:
             model = PROFILER_MODELS[name]()
-            cache[name] = (model, flops.tf_profiler_flops(model))
+            cache[name] = (model, flops_tf.tf_profiler_flops(model))
         return cache[name]
 
     return get
@@ -124,7 +124,7 @@ def test_conv_and_dense_flops_equal_tf_profiler(name, profiled):
     model, by_type = profiled(name)
     report = flops.count(model)
     assert report.complete
-    tf_conv_dense = sum(by_type.get(op, 0) for op in flops.TF_MAC_OPS)
+    tf_conv_dense = sum(by_type.get(op, 0) for op in flops_tf.TF_MAC_OPS)
     assert tf_conv_dense > 0
     assert report.flops == 2 * report.macs == tf_conv_dense
 
@@ -228,7 +228,7 @@ def test_count_rejects_non_models():
     with pytest.raises(TypeError, match="model"):
         flops.count("vgg16")
     with pytest.raises(TypeError, match="model"):
-        flops.tf_profiler_flops(L.Dense(3))
+        flops_tf.tf_profiler_flops(L.Dense(3))
 
 
 def test_count_rejects_unbuilt_and_subclassed_models():
@@ -265,6 +265,23 @@ def test_bad_arguments_name_the_parameter():
         flops.max_batch_size(report, -1)
     with pytest.raises(ValueError, match="optimizer_slots"):
         flops.training_state_bytes(report, optimizer_slots=-1)
+    with pytest.raises(ValueError, match="reserve_bytes"):
+        flops.max_batch_size(report, 1e9, reserve_bytes=-1)
+    for kwargs, name in (({"images": -5}, "images"), ({"images": 0}, "images"), ({"images": 10, "epochs": 0}, "epochs"),
+                         ({"images": True}, "images")):
+        with pytest.raises(ValueError, match=name):
+            flops.training_flops(report, **kwargs)
+
+
+def test_flops_help_does_not_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom labkit import cli\ntry:\n    cli.main(['flops', '--help'])\nexcept SystemExit:\n"
+            "    pass\nprint('tensorflow' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False" and "--input-size" in proc.stdout
 
 
 # ---------------------------------------------------------------- CLI
