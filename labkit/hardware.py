@@ -74,6 +74,8 @@ class Link:
 
     def seconds(self, nbytes: float) -> float:
         """Time to move nbytes one way at the link's peak bandwidth (latency left out)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not nbytes >= 0:
+            raise ValueError(f"nbytes must be a number >= 0; got {nbytes!r}")
         return nbytes / (self.gbytes_per_s * 1e9)
 
 
@@ -200,6 +202,8 @@ def estimate(report, device, batch_size: int = 32, precision: str = "fp32", opti
     """
     from labkit import flops as _flops
 
+    if isinstance(optimizer_slots, bool) or not isinstance(optimizer_slots, int) or optimizer_slots < 0:
+        raise ValueError(f"optimizer_slots must be a non-negative int; got {optimizer_slots!r}")
     device = get_device(device)
     table = layer_roofline(report, device, batch_size, precision)
     forward = float(table["time_s"].sum())

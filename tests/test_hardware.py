@@ -98,6 +98,13 @@ def test_bad_arguments_name_the_parameter():
     with pytest.raises(ValueError, match="batch_size"):
         hardware.estimate(report, "V100", batch_size=0)
     assert math.isfinite(hardware.estimate(report, "V100", batch_size=1)["forward_s"])
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="optimizer_slots"):
+            hardware.estimate(report, "V100", batch_size=8, optimizer_slots=bad)
+        with pytest.raises(ValueError, match="batch_size"):
+            hardware.layer_roofline(report, "V100", batch_size=bad if bad != 1.5 else 0)
+    with pytest.raises(ValueError, match="nbytes"):
+        hardware.INTERCONNECTS["NVLink 2"].seconds(-5)
 
 
 def test_roofline_plot_draws_every_kind():
