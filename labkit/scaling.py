@@ -25,7 +25,6 @@ from labkit.launch import HorovodRunError, child_env, launch, take_slots
 DEFAULT_MODEL = "small_cnn"
 
 
-
 def train_args(*, model="small_cnn", batch_size=64, steps=20, repeats=3, warmup_steps=5, data="synthetic",
                num_examples=None, lr=0.01, scale_lr=False, lr_warmup_steps=0, threads=1, sync=True,
                seed=0, extra=()) -> list[str]:
@@ -112,7 +111,7 @@ def data_note(data: str) -> str:
     if data not in ("auto", "cifar10"):
         raise ValueError(f"data must be 'synthetic', 'auto' or 'cifar10'; got {data!r}")
     if lkdata.cifar10_available():
-        return f"data: CIFAR-10, found in {lkdata.find_cifar10() or lkdata.config.data_dir()}"
+        return f"data: CIFAR-10, found in {lkdata.find_cifar10() or 'the data directory (as an archive)'}"
     if data == "cifar10":
         raise ValueError("data='cifar10' but CIFAR-10 is not on disk here (LABKIT_DATA, the Keras cache); "
                          "run `labkit data fetch cifar10` first, or use --data auto")
