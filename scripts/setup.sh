@@ -48,7 +48,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then 
 mpi=0; command -v mpicxx >/dev/null 2>&1 && mpi=1
 stamp="$venv/.labkit-stamp"
 inputs="$(cat requirements.txt constraints.txt pyproject.toml scripts/setup.sh scripts/build-horovod.sh \
-  | sha256sum | cut -c1-16)-py$pyver-gpu$gpu-mpi$mpi"
+  | "$py" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:16])' \
+  )-py$pyver-gpu$gpu-mpi$mpi"   # hashed by Python: macOS has no sha256sum
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ]; then
   say "environment up to date ($venv)"
   exit 0
@@ -58,20 +59,22 @@ fi
 pip_install() { "$py" -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location .* is ignored' || true; }; }
 start=$(date +%s)
 pip_install --upgrade pip setuptools wheel
-reqs="$(mktemp)"; trap 'rm -f "$reqs"' EXIT
+reqs="$(mktemp)"; trap 'rm -f "$reqs" "$reqs.bak"' EXIT
+# sed -i with a suffix works in GNU sed and macOS's BSD sed alike (plain -i is GNU only)
+sed_inplace() { sed -i.bak "$@" && rm -f "$reqs.bak"; }
 # horovod is built below, not installed by pip from requirements
 grep -v -E '^horovod==' requirements.txt > "$reqs"
 tf_version="$(sed -n 's/^tensorflow-cpu==\([^ ;#]*\).*/\1/p' requirements.txt)"
 if [ "$gpu" = 1 ]; then
   say "NVIDIA GPU found: installing tensorflow[and-cuda]==$tf_version instead of tensorflow-cpu"
-  sed -i "s/^tensorflow-cpu==.*/tensorflow[and-cuda]==$tf_version/" "$reqs"
+  sed_inplace "s/^tensorflow-cpu==.*/tensorflow[and-cuda]==$tf_version/" "$reqs"
 fi
 lock=(-c constraints.txt)
 if [ "$pyver" != 3.11 ]; then
   # constraints.txt is the Python 3.11 lock; on 3.9/3.10 keep the stack's pins, let pip pick the rest
   say "Python $pyver: the lock is for 3.11; pinning only tensorflow, keras and numpy"
   lock=()
-  sed -i -E '/^(tensorflow|keras|numpy)/!s/==.*//' "$reqs"
+  sed_inplace -E '/^(tensorflow|keras|numpy)/!s/==.*//' "$reqs"
 fi
 say "installing the pinned stack (TensorFlow $tf_version, JupyterLab, nbval, ...)"
 pip_install -r "$reqs" ${lock[@]+"${lock[@]}"}

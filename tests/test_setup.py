@@ -48,3 +48,47 @@ def test_rerun_is_a_no_op_when_pins_are_unchanged(repo_root):
     proc = run_setup(repo_root, {})
     assert proc.returncode == 0, proc.stderr
     assert "environment up to date" in proc.stdout
+
+
+def _recording_venv(tmp_path):
+    """A venv whose python runs real Python for probes but records `pip install` instead of installing."""
+    venv, log = tmp_path / "venv", tmp_path / "pip.log"
+    (venv / "bin").mkdir(parents=True)
+    exe = venv / "bin/python"
+    exe.write_text(f"""#!/bin/sh
+case "$*" in
+  *"import tensorflow"*) exit 1 ;;   # stops scripts/build-horovod.sh: this test ends at the install step
+  "-m pip install"*)
+    echo "pip install $*" >> {log}
+    prev=""; for a in "$@"; do [ "$prev" = "-r" ] && cat "$a" >> {log}; prev="$a"; done
+    exit 0 ;;
+  "-m pip"*|"-m ipykernel"*) exit 0 ;;
+  *) exec {sys.executable} "$@" ;;
+esac
+""")
+    exe.chmod(0o755)
+    return venv, log
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "nvidia"])
+def test_tensorflow_wheel_follows_the_host(repo_root, tmp_path, gpu):
+    venv, log = _recording_venv(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if gpu:
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text("#!/bin/sh\necho 'GPU 0: Fake (UUID: GPU-0)'\n")
+        smi.chmod(0o755)
+    env = {"LABKIT_VENV": str(venv), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = run_setup(repo_root, env)
+    assert proc.returncode != 0 and "TensorFlow is not importable" in proc.stderr  # stopped where intended
+    installed = log.read_text()
+    lines = [line.split("#")[0].strip() for line in installed.splitlines()]
+    if gpu:
+        assert "tensorflow[and-cuda]==2.15.1" in lines
+        assert not any(line.startswith("tensorflow-cpu") for line in lines)
+    else:
+        assert any(line.startswith("tensorflow-cpu==2.15.1;") for line in lines)
+        assert not any(line.startswith("tensorflow[and-cuda]") for line in lines)
+    assert any(line.startswith("tensorflow==2.15.1;") for line in lines)  # macOS / ARM line kept, marker-guarded
+    assert "-c constraints.txt" in installed
