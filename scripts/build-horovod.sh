@@ -17,7 +17,7 @@ tf_version="$("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/d
 py_tag="$("$PYTHON" -c 'import sys; print("%d%d" % sys.version_info[:2])')"
 
 export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
-export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || echo 2)}"
+export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)}"  # Linux, macOS
 ops="gloo"
 if command -v mpicxx >/dev/null 2>&1; then
   export HOROVOD_WITH_MPI=1; ops="$ops-mpi"
@@ -37,7 +37,7 @@ cache="$here/.cache/horovod/horovod-$hvd_version-tf$tf_version-py$py_tag-$ops"
 if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
   command -v cmake >/dev/null 2>&1 || "$PYTHON" -m pip install --quiet cmake
   command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || {
-    echo "build-horovod: no C++ compiler. Fix: apt-get install g++ (Debian/Ubuntu) or module load gcc (HPC)" >&2
+    echo "build-horovod: no C++ compiler. Fix: apt-get install g++ (Debian/Ubuntu), xcode-select --install (macOS) or module load gcc (HPC)" >&2
     exit 2; }
   echo "build-horovod: building horovod $hvd_version for tensorflow $tf_version ($ops); about 2 min on 2 cores"
   tmp="$(mktemp -d)"
