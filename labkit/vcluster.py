@@ -95,11 +95,12 @@ def link_bytes() -> dict:
     return out
 
 
-def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=None) -> dict:
+def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=None,
+            module: str = "labkit.hvd_train") -> dict:
     """horovodrun -np np_ across the nodes (one rank per node unless hosts says otherwise).
 
     Returns {"ranks": [rank JSON ...], "link_bytes": {link: {"rx", "tx"} sent during the run},
-    "wall_s": ...}. rank_args go to `python -m labkit.hvd_train` (or its --bench-allreduce mode).
+    "wall_s": ...}. rank_args go to `python -m <module>` (labkit.hvd_train or labkit.linkbench).
     """
     n = nodes_up()
     if n < 1:
@@ -109,7 +110,7 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
     out = Path(tempfile.mkdtemp(prefix="labkit-vc-"))
     cmd = ["bash", str(SCRIPT), "exec", f"{PREFIX}1", str(venv_bin / "horovodrun"), "--gloo", "-np", str(np_),
            "-H", hosts, "--network-interface", "eth0",
-           str(venv_bin / "python"), "-m", "labkit.hvd_train", "--out", str(out), *map(str, rank_args)]
+           str(venv_bin / "python"), "-m", module, "--out", str(out), *map(str, rank_args)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                PATH=f"{venv_bin}:{os.environ.get('PATH', '')}:/usr/sbin:/sbin", **(env_extra or {}))
     before, t0 = link_bytes(), time.perf_counter()
@@ -126,74 +127,74 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
     return {"ranks": sorted(ranks, key=lambda r: r["rank"]), "link_bytes": moved, "wall_s": wall}
 
 
-def calibrate(sizes=(4096, 65536, 262144, 1 << 20, 4 << 20, 8 << 20), repeats=7, chain=5, np_=2) -> dict:
-    """hvd.allreduce time per message size across np_ nodes, fitted to the ring model.
-
-    A collective ends when its slowest rank does: the time per size is the maximum over ranks.
-    """
-    from labkit import allreduce
-    run = hvd_run(np_, ["--bench-allreduce", "--sizes", ",".join(map(str, sizes)), "--repeats", repeats,
-                        "--chain", chain, "--threads", 1])
-    rows = {}
-    for r in run["ranks"]:
-        for row in r["allreduce"]:
-            rows[row["bytes"]] = max(rows.get(row["bytes"], 0.0), row["time_s"])
-    n = sorted(rows)
-    fit = allreduce.fit_alpha_beta(n, [rows[b] for b in n], p=np_)
-    return {"bytes": n, "time_s": [rows[b] for b in n], "alpha_s": fit.alpha, "beta_s_per_byte": fit.beta,
-            "bandwidth_bits": 8.0 / fit.beta, "model_s": [float(fit.time(b, np_)) for b in n]}
-
-
 def _median(xs):
     xs = sorted(xs)
     k = len(xs) // 2
     return xs[k] if len(xs) % 2 else 0.5 * (xs[k - 1] + xs[k])
 
 
-def train_step_times(np_=2, model="seed002", batch_size=32, steps=6, repeats=3, sync=True, env_extra=None) -> dict:
-    """Median step time of a real training run across np_ nodes (slowest rank), with and without sync."""
-    args = ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", repeats,
-            "--warmup-steps", 3, "--threads", 1, "--num-examples", max(512, 2 * np_ * batch_size)]
-    if not sync:
-        args.append("--no-sync")
-    run = hvd_run(np_, args, env_extra=env_extra)
-    ranks = run["ranks"]
-    return {"step_s": max(_median(r["step_times_s"]) for r in ranks),
-            "step_times_s": [r["step_times_s"] for r in ranks],
-            "checksums": [r["checksum"] for r in ranks], "hosts": [r["host"] for r in ranks],
-            "grad_tensors": ranks[0]["grad_tensors"], "grad_bytes": ranks[0]["grad_bytes"],
-            "link_bytes": run["link_bytes"], "wall_s": run["wall_s"]}
-
-
-def predict_step(compute_s: float, grad_tensors, alpha: float, beta: float, p: int = 2,
-                 threshold: float = 64 * 2**20) -> dict:
-    """Predicted step = compute (measured without sync) + the fused ring allreduces (no overlap assumed)."""
+def summarize(ranks, p: int) -> dict:
+    """Calibration fit and step times from linkbench's rank files (a collective ends with its slowest rank)."""
     from labkit import allreduce
-    net = allreduce.AllreduceModel(alpha=alpha, beta=beta)
-    comm = net.fused_time(grad_tensors, p, threshold)
-    return {"compute_s": compute_s, "comm_s": comm, "step_s": allreduce.step_time(p, compute_s, grad_tensors, net,
-                                                                                 0.0, threshold)}
+    by_size = {}
+    for r in ranks:
+        for row in r["allreduce"]:
+            by_size[row["bytes"]] = max(by_size.get(row["bytes"], 0.0), _median(row["times_s"]))
+    n = sorted(by_size)
+    fit = allreduce.fit_alpha_beta(n, [by_size[b] for b in n], p=p)
+    cal = {"bytes": n, "time_s": [by_size[b] for b in n], "alpha_s": fit.alpha, "beta_s_per_byte": fit.beta,
+           "bandwidth_bits": 8.0 / fit.beta, "model_s": [float(fit.time(b, p)) for b in n]}
+    steps = {}
+    for v in ranks[0]["step_times_s"]:
+        per_step = [max(r["step_times_s"][v][i] for r in ranks) for i in range(len(ranks[0]["step_times_s"][v]))]
+        steps[v] = {"median_s": _median(per_step), "p10_s": sorted(per_step)[len(per_step) // 10],
+                    "times_s": per_step}
+    tensors = ranks[0]["grad_tensors"]
+    compute = steps["compute"]["median_s"]
+    pred = {"compute_s": compute, "comm_s": fit.fused_time(tensors, p),
+            "comm_fp16_s": fit.fused_time([t / 2 for t in tensors], p)}
+    pred["sync_s"] = allreduce.step_time(p, compute, tensors, fit)
+    pred["sync_fp16_s"] = allreduce.step_time(p, compute, [t / 2 for t in tensors], fit)
+    return {"calibration": cal, "steps": steps, "predicted": pred, "grad_bytes": sum(tensors),
+            "grad_tensors": len(tensors), "checksums": [r["checksum_trainable"] for r in ranks],
+            "hosts": [r["host"] for r in ranks]}
 
 
-def measure(rates=("1gbit", "100mbit"), model="seed002", batch_size=32, np_=2, progress=print) -> dict:
-    """The whole experiment at each link rate: calibration, fit, training with and without sync, prediction."""
+def run_setting(rate: str, model="seed002", batch_size=4, steps=3, repeats=4, np_=2, env_extra=None,
+                sizes=(4096, 65536, 262144, 1 << 20, 4 << 20), variants="compute,sync,sync_fp16") -> dict:
+    """Shape the links to `rate`, then one launch of labkit.linkbench across np_ nodes, summarised."""
+    shape(rate)
+    run = hvd_run(np_, ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", repeats,
+                        "--sizes", ",".join(map(str, sizes)), "--variants", variants, "--chain", 3,
+                        "--calib-repeats", 5],
+                  module="labkit.linkbench", env_extra=env_extra)
+    res = summarize(run["ranks"], np_)
+    res.update(rate=rate, rate_bits=rate_bits(rate), link_bytes=run["link_bytes"], wall_s=run["wall_s"],
+               load_average=os.getloadavg()[0], env=dict(env_extra or {}))
+    res["ratio"] = res["steps"]["sync"]["median_s"] / res["predicted"]["sync_s"]
+    return res
+
+
+def measure(rates=("1gbit", "200mbit", "50mbit"), model="seed002", batch_size=4, np_=2, progress=print,
+            **kw) -> dict:
+    """The whole experiment at each link rate: calibration, fit, interleaved training variants, prediction."""
     from labkit import machine
     rows = []
     for rate in rates:
-        shape(rate)
-        progress(f"{rate}: calibrating hvd.allreduce across {np_} nodes")
-        cal = calibrate(np_=np_)
+        res = run_setting(rate, model, batch_size, np_=np_, **kw)
+        cal, st, pr = res["calibration"], res["steps"], res["predicted"]
         progress(f"{rate}: alpha {cal['alpha_s'] * 1e6:.0f} us, fitted {cal['bandwidth_bits'] / 1e6:.0f} Mbit/s; "
-                 "training without and with gradient sync")
-        alone = train_step_times(np_, model, batch_size, sync=False)
-        synced = train_step_times(np_, model, batch_size, sync=True)
-        pred = predict_step(alone["step_s"], synced["grad_tensors"], cal["alpha_s"], cal["beta_s_per_byte"], np_)
-        rows.append({"rate": rate, "rate_bits": rate_bits(rate), "calibration": cal, "no_sync": alone,
-                     "sync": synced, "predicted": pred,
-                     "ratio": synced["step_s"] / pred["step_s"]})
-        progress(f"{rate}: step measured {synced['step_s'] * 1e3:.0f} ms, predicted {pred['step_s'] * 1e3:.0f} ms")
+                 f"step measured {st['sync']['median_s'] * 1e3:.0f} ms, predicted {pr['sync_s'] * 1e3:.0f} ms "
+                 f"(compute alone {pr['compute_s'] * 1e3:.0f} ms)")
+        rows.append(res)
+    # tensor fusion off (one allreduce per gradient tensor) at the slowest link, beside the default
+    slow = min(rates, key=rate_bits)
+    no_fusion = run_setting(slow, model, batch_size, np_=np_, env_extra={"HOROVOD_FUSION_THRESHOLD": "0"},
+                            variants="compute,sync", sizes=(4096, 65536), **kw)
+    progress(f"{slow}, fusion off: step {no_fusion['steps']['sync']['median_s'] * 1e3:.0f} ms "
+             f"(compute alone {no_fusion['predicted']['compute_s'] * 1e3:.0f} ms)")
     return {"model": model, "batch_size_per_rank": batch_size, "np": np_, "machine": machine.describe(),
-            "date": time.strftime("%Y-%m-%d"), "settings": rows}
+            "date": time.strftime("%Y-%m-%d"), "settings": rows, "fusion_off": no_fusion}
 
 
 def load_results(path=RESULTS) -> dict:
@@ -210,10 +211,10 @@ def table(results: dict):
         rows.append({"link (tc rate)": s["rate"], "fitted bandwidth (Mbit/s)": cal["bandwidth_bits"] / 1e6,
                      "fitted / tc rate": cal["bandwidth_bits"] / s["rate_bits"],
                      "latency alpha (us)": cal["alpha_s"] * 1e6,
-                     "compute (ms)": s["predicted"]["compute_s"] * 1e3,
+                     "compute alone (ms)": s["predicted"]["compute_s"] * 1e3,
                      "allreduce, model (ms)": s["predicted"]["comm_s"] * 1e3,
-                     "predicted step (ms)": s["predicted"]["step_s"] * 1e3,
-                     "measured step (ms)": s["sync"]["step_s"] * 1e3,
+                     "predicted step (ms)": s["predicted"]["sync_s"] * 1e3,
+                     "measured step (ms)": s["steps"]["sync"]["median_s"] * 1e3,
                      "measured / predicted": s["ratio"]})
     return pd.DataFrame(rows).set_index("link (tc rate)")
 
@@ -224,8 +225,8 @@ def plot(results: dict, ax=None):
     ax = ax or plt.subplots(figsize=(6, 3.8))[1]
     settings = sorted(results["settings"], key=lambda s: s["rate_bits"])
     x = [s["rate_bits"] / 1e6 for s in settings]
-    ax.plot(x, [s["predicted"]["step_s"] * 1e3 for s in settings], "o--", label="predicted (compute + allreduce model)")
-    ax.plot(x, [s["sync"]["step_s"] * 1e3 for s in settings], "s-", label="measured, 2 nodes")
+    ax.plot(x, [s["predicted"]["sync_s"] * 1e3 for s in settings], "o--", label="predicted (compute + allreduce model)")
+    ax.plot(x, [s["steps"]["sync"]["median_s"] * 1e3 for s in settings], "s-", label="measured, 2 nodes")
     ax.plot(x, [s["predicted"]["compute_s"] * 1e3 for s in settings], ":", color="gray",
             label="compute alone (no gradient sync)")
     ax.set_xscale("log")
@@ -240,9 +241,9 @@ def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m labkit.vcluster",
                                 description="Calibrate and check the allreduce model on the virtual cluster.")
-    p.add_argument("--rates", default="1gbit,100mbit", help="comma-separated tc rates")
+    p.add_argument("--rates", default="1gbit,200mbit,50mbit", help="comma-separated tc rates")
     p.add_argument("--model", default="seed002")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]

@@ -173,3 +173,22 @@ def test_multi_node_sbatch_runs_two_ranks_on_two_nodes(cluster, tmp_path):
     assert "2 ranks on 2 node(s)" in text and "all ranks hold the same weights" in text
     ranks = [json.loads((tmp_path / "hvd" / f"rank{r}.json").read_text()) for r in range(2)]
     assert sorted(r["host"] for r in ranks) == ["labkit-node1", "labkit-node2"]
+
+
+@pytest.mark.parametrize("rate", ["200mbit", "50mbit"])
+def test_allreduce_model_fitted_at_the_link_rate_predicts_the_training_step(cluster, rate):
+    """Calibrate hvd.allreduce across the nodes, fit alpha/beta, predict a real synced step (compute + ring).
+
+    The oracle is tc's rate: the fitted bandwidth must be within 15% of it, and compute alone (measured
+    in the same launch, interleaved) plus the model's allreduce time within 15% of the measured step.
+    """
+    res = cluster.run_setting(rate, steps=3, repeats=3, variants="compute,sync")
+    cal, steps, pred = res["calibration"], res["steps"], res["predicted"]
+    detail = (f"{rate}: fitted {cal['bandwidth_bits'] / 1e6:.0f} Mbit/s, alpha {cal['alpha_s'] * 1e6:.0f} us; "
+              f"step {steps['sync']['median_s'] * 1e3:.0f} ms measured vs {pred['sync_s'] * 1e3:.0f} predicted "
+              f"(compute {pred['compute_s'] * 1e3:.0f} ms); load {res['load_average']:.1f}")
+    assert cal["bandwidth_bits"] == pytest.approx(res["rate_bits"], rel=0.15), detail
+    assert 0 < cal["alpha_s"] < 5e-3, detail  # Horovod's per-message software latency, no added delay
+    assert res["ratio"] == pytest.approx(1.0, abs=0.15), detail
+    assert res["checksums"][0] == res["checksums"][1], detail
+    assert min(b["rx"] for b in res["link_bytes"].values()) > res["grad_bytes"], detail
