@@ -295,7 +295,7 @@ def cli_main(argv: list[str]) -> int:
         sweep.check_writable(args.out)
         existing = sweep.load_results(args.out)
     except ValueError as err:
-        return _fail(f"--out: {err}")
+        return _fail(f"--out: {str(err).removeprefix('out: ')}")
     if existing and not (args.resume or args.overwrite):
         return _fail(f"{args.out} already holds results; pass --resume to skip finished configs or --overwrite "
                      "to start over")

@@ -52,6 +52,11 @@ def check_writable(path) -> None:
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"out must be a file path; {path} is a directory")
+    for parent in path.parents:  # the nearest existing folder must be a folder
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"out: cannot write the results file {path} ({parent} is a file, not a folder)")
+            break
     probe = path.with_name(f".{path.name}.{os.getpid()}.probe")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
