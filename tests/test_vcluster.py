@@ -85,6 +85,32 @@ def test_script_is_shellcheck_clean():
     assert res.returncode == 0, res.stdout
 
 
+def test_timeline_phases_from_a_hand_made_trace(tmp_path):
+    """Horovod's trace format (begin/end per tensor, nested activities, unterminated file) read back exactly."""
+    from labkit import timeline
+    ev = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grad/conv1"}},
+          {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "grad/fc"}}]
+    for step, base in enumerate((1000, 5000)):  # microseconds
+        ev += [{"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "ts": base, "pid": 1},
+               {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "ts": base + 200, "pid": 2},
+               {"ph": "E", "ts": base + 1000, "pid": 1}, {"ph": "E", "ts": base + 1000, "pid": 2},
+               {"name": "ALLREDUCE", "ph": "B", "ts": base + 1000, "pid": 1},
+               {"name": "GLOO_ALLREDUCE", "ph": "B", "ts": base + 1100, "pid": 1},
+               {"ph": "E", "ts": base + 2600, "pid": 1}, {"ph": "E", "ts": base + 3000, "pid": 1}]
+    path = tmp_path / "timeline.json"
+    path.write_text("[\n" + ",\n".join(json.dumps(e) for e in ev) + ",\n")  # as Horovod leaves it mid-run
+    df = timeline.phases(path)
+    one = df[(df.tensor == "grad/conv1") & (df.step == 1)].set_index("phase")
+    assert one.loc["NEGOTIATE_ALLREDUCE", "dur_ms"] == pytest.approx(1.0)
+    assert one.loc["ALLREDUCE", "dur_ms"] == pytest.approx(2.0)
+    assert one.loc["GLOO_ALLREDUCE", "dur_ms"] == pytest.approx(1.5)
+    assert one.loc["GLOO_ALLREDUCE", "depth"] == 1 and one.loc["ALLREDUCE", "depth"] == 0
+    assert one.loc["ALLREDUCE", "start_ms"] == pytest.approx(5.0)  # (6000 - 1000) us after the first event
+    assert df[df.tensor == "grad/fc"].dur_ms.tolist() == pytest.approx([0.8, 0.8])
+    total = timeline.summary(df).set_index("phase")["total_ms"]
+    assert total["NEGOTIATE_ALLREDUCE"] == pytest.approx(2 * (1.0 + 0.8))
+
+
 def _skip_unless_cluster_possible():
     reason = vcluster.why_not()
     if reason:
