@@ -521,6 +521,10 @@ def cli_main(argv: list[str]) -> int:
                 f"archive {archives[0].name}" if archives else "nothing")
             print(f"  {d}: {found}")
         batches = find_cifar10() or _find_archive()
+        problem = cifar10_problem() if batches else None
+        if problem:
+            print(f"load_dataset() stops with an error: {problem}")
+            return 1
         print(f"load_dataset() uses: {'cifar10 from ' + str(batches) if batches else 'the synthetic set'}")
         return 0
     try:

@@ -504,3 +504,10 @@ def test_cli_fetch_into_an_unwritable_dir_is_one_line_exit_2(isolated, capsys):
     assert data.cli_main(["fetch", "cifar10", "--dir", str(blocker / "sub")]) == 2  # not a directory, even as root
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--dir" in err and "writable" in err
+
+
+def test_cli_where_names_a_corrupt_copy(isolated, capsys):
+    _only_archive(isolated, name="labkit_data")  # $LABKIT_DATA holds an archive that fails its MD5
+    assert data.cli_main(["where"]) == 1
+    out = capsys.readouterr().out
+    assert "stops with an error" in out and "--force" in out and "the synthetic set" not in out
