@@ -26,14 +26,15 @@ _KEYS = {"filters", "filter_size", "pool_size", "extra_conv"}
 
 
 def network_configs() -> list[dict]:
-    """The paper's 16 networks: filters {20, 32} x filter size {5, 3} x pool {3, 2} x extra conv {no, yes}."""
+    """The paper's 16 networks: filters {20, 32} x filter size {5, 3} x pool {3, 2} x extra conv {no, yes}.
+    (05_network_sweep)"""
     from labkit.models.cifar import SEED000_SWEEP  # the model module owns the grid
 
     return [dict(c) for c in SEED000_SWEEP]
 
 
 def network_name(cfg: dict) -> str:
-    """Short readable name: f20_k5_p3, plus _x with the extra conv layer."""
+    """Short readable name: f20_k5_p3, plus _x with the extra conv layer. (05_network_sweep)"""
     if set(cfg) != _KEYS:
         raise ValueError(f"cfg must have exactly the keys {sorted(_KEYS)}; got {sorted(cfg)}")
     return f"f{cfg['filters']}_k{cfg['filter_size']}_p{cfg['pool_size']}" + ("_x" if cfg["extra_conv"] else "")
@@ -44,7 +45,7 @@ def matlab_param_count(cfg: dict, input_shape=(32, 32, 3), classes: int = 10, in
 
     conv: (prod(FilterSize) * NumChannels + 1) * NumFilters; fully connected: (InputSize + 1) * OutputSize;
     pooling without padding: out = floor((in - pool) / 2) + 1. MATLAB also counts the input layer's
-    zero-centring mean image (prod(InputSize) values); include_mean_image=True adds it.
+    zero-centring mean image (prod(InputSize) values); include_mean_image=True adds it. (05_network_sweep)
     """
     for name in ("filters", "filter_size", "pool_size"):
         value = cfg.get(name)
@@ -69,7 +70,7 @@ def config_table(configs=None):
     """The networks before training: params (Keras and the paper's formula), memory, MACs per image.
 
     Memory is labkit.models.cifar.memory_footprint (4 bytes per learnable parameter); MACs come from
-    labkit.flops (conv and dense multiply-adds), which an embedded processor pays per frame.
+    labkit.flops (conv and dense multiply-adds), which an embedded processor pays per frame. (05_network_sweep)
     """
     import warnings
 
@@ -91,7 +92,7 @@ def config_table(configs=None):
 
 
 def with_pareto(df):
-    """Successful rows sorted by memory, with a boolean `pareto` column (on the front or not)."""
+    """Successful rows sorted by memory, with a boolean `pareto` column (on the front or not). (05_network_sweep)"""
     ok = df[df.status == "ok"].sort_values(["memory_bytes", "name"]).reset_index(drop=True)
     front = set(pareto_front(zip(ok.memory_bytes, ok.accuracy)))
     ok["pareto"] = [i in front for i in range(len(ok))]
@@ -101,7 +102,7 @@ def with_pareto(df):
 def recommend(df, max_accuracy_drop: float = 0.02, memory_budget_bytes: int | None = None):
     """The network to ship: the smallest on the Pareto front within max_accuracy_drop of the best.
 
-    memory_budget_bytes, if given, first removes networks that do not fit. Returns the chosen row.
+    memory_budget_bytes, if given, first removes networks that do not fit. Returns the chosen row. (05_network_sweep)
     """
     if not 0 <= max_accuracy_drop <= 1:
         raise ValueError(f"max_accuracy_drop must be in [0, 1] (a fraction, 0.02 = 2 points); got {max_accuracy_drop!r}")
@@ -144,7 +145,7 @@ _DATA_CACHE = {}
 
 
 def dataset_choice(data_dir=None) -> tuple[str, str]:
-    """(name, why): the data set load_dataset() will train on here, decided without loading it."""
+    """(name, why): the data set load_dataset() will train on here, decided without loading it. (05_network_sweep)"""
     from labkit import data
 
     if data.cifar10_available(data_dir):
@@ -158,7 +159,7 @@ class NetworkTrainer:
     """Trains one of the paper's networks and returns its test accuracy (picklable, for worker processes).
 
     Data: labkit.data.load_dataset() (CIFAR-10 when present, else the offline synthetic set) with train_size /
-    test_size images. Training: labkit.training.compile_sgdm, the paper's SGD with momentum + L2.
+    test_size images. Training: labkit.training.compile_sgdm, the paper's SGD with momentum + L2. (05_network_sweep)
     """
 
     epochs: int = 1
@@ -181,7 +182,8 @@ class NetworkTrainer:
 
     @classmethod
     def for_profile(cls, name=None, **overrides):
-        """Settings scaled to the profile: quick (seconds per network), workshop (~20 s), full (the paper's)."""
+        """Settings scaled to the profile: quick (seconds per network), workshop (~20 s), full (the paper's).
+        (05_network_sweep)"""
         from labkit import training
 
         opts = training.seed000_options(name)
@@ -198,11 +200,12 @@ class NetworkTrainer:
         return network_name(cfg)
 
     def settings(self) -> dict:
-        """What makes two results comparable: these fields and the data set (stored in every record)."""
+        """What makes two results comparable: these fields and the data set (stored in every record).
+        (05_network_sweep)"""
         return {**asdict(self), "dataset": dataset_choice()[0]}
 
     def prepare(self):
-        """Load, normalise and cache (in this process) the data."""
+        """Load, normalise and cache (in this process) the data. (05_network_sweep)"""
         key = (self.train_size, self.test_size)
         if key not in _DATA_CACHE:
             from labkit import data

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def load_results(path) -> list[dict]:
-    """Records in a results file (JSON lines); [] if it does not exist."""
+    """Records in a results file (JSON lines); [] if it does not exist. (05_network_sweep)"""
     path = Path(path)
     if not path.exists():
         return []
@@ -31,7 +31,7 @@ def load_results(path) -> list[dict]:
 
 
 def write_results(path, records) -> None:
-    """Write all records at once: temp file in the same directory, fsync, os.replace (atomic)."""
+    """Write all records at once: temp file in the same directory, fsync, os.replace (atomic). (05_network_sweep)"""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -48,7 +48,8 @@ def write_results(path, records) -> None:
 
 
 def check_writable(path) -> None:
-    """Raise ValueError naming `out` when the results file cannot be written there (before any compute)."""
+    """Raise ValueError naming `out` when the results file cannot be written there (before any compute).
+    (05_network_sweep)"""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"out must be a file path; {path} is a directory")
@@ -67,7 +68,8 @@ def check_writable(path) -> None:
 
 
 def settings_mismatch(records, settings: dict, path="the results file") -> str | None:
-    """Why these records cannot be resumed with `settings` (what differs, one line), or None when they can."""
+    """Why these records cannot be resumed with `settings` (what differs, one line), or None when they can.
+    (05_network_sweep)"""
     for rec in records:
         old = rec.get("settings")
         if old is None:
@@ -81,7 +83,7 @@ def settings_mismatch(records, settings: dict, path="the results file") -> str |
 
 
 def records_dataframe(records):
-    """Records as a pandas DataFrame: one row per config, config keys as columns, memory in KB."""
+    """Records as a pandas DataFrame: one row per config, config keys as columns, memory in KB. (05_network_sweep)"""
     import pandas as pd
 
     rows = []

@@ -40,7 +40,7 @@ _RUNNER_KEYS = ("key", "name", "config", "settings", "status", "error", "accurac
 
 
 def config_key(cfg: dict) -> str:
-    """The identity of a config in the results file (canonical JSON, keys sorted)."""
+    """The identity of a config in the results file (canonical JSON, keys sorted). (05_network_sweep)"""
     if not isinstance(cfg, dict):
         raise ValueError(f"configs must be dicts of JSON values; got {type(cfg).__name__}: {cfg!r}")
     try:
@@ -50,7 +50,8 @@ def config_key(cfg: dict) -> str:
 
 
 def config_name(cfg: dict) -> str:
-    """A readable name for any config: k=v pairs joined, keys sorted (a train function's name() wins)."""
+    """A readable name for any config: k=v pairs joined, keys sorted (a train function's name() wins).
+    (05_network_sweep)"""
     return ",".join(f"{k}={cfg[k]}" for k in sorted(cfg))
 
 
@@ -59,7 +60,7 @@ def pareto_front(points) -> list[int]:
     """Indices of the (memory, accuracy) points no other point beats, ordered by memory.
 
     A point is beaten when another has less or equal memory and higher or equal accuracy, one strictly.
-    Exact duplicates do not beat each other, so both stay on the front (or both leave it).
+    Exact duplicates do not beat each other, so both stay on the front (or both leave it). (05_network_sweep)
     """
     pts = []
     for i, p in enumerate(points):
@@ -100,7 +101,7 @@ def _now() -> str:
 
 
 def run_config(train_fn, cfg: dict, threads=None, name=None, settings=None) -> dict:
-    """Train one config (in a worker) and return its record; an exception becomes status="error"."""
+    """Train one config (in a worker) and return its record; an exception becomes status="error". (05_network_sweep)"""
     record = {"key": config_key(cfg), "name": name or config_name(cfg), "config": cfg, "worker_pid": os.getpid(),
               "threads": threads}
     if settings is not None:
@@ -127,7 +128,7 @@ def run_config(train_fn, cfg: dict, threads=None, name=None, settings=None) -> d
 # ----------------------------------------------------------------------------- the runner
 @dataclass
 class SweepRun:
-    """What run_sweep did: every config's record (in the order given) and how long it took."""
+    """What run_sweep did: every config's record (in the order given) and how long it took. (05_network_sweep)"""
 
     records: list
     out: Path
@@ -162,7 +163,7 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
     optional methods: prepare() (each worker calls it before timing starts), name(config), settings().
     Workers die with this process (even on SIGKILL); SIGTERM acts like Ctrl-C: the results so far stay in
     out, the workers end, KeyboardInterrupt is raised. Workers are spawned, so a script that calls
-    run_sweep needs the `if __name__ == "__main__":` guard (notebooks and `labkit sweep` do not).
+    run_sweep needs the `if __name__ == "__main__":` guard (notebooks and `labkit sweep` do not). (05_network_sweep)
     """
     configs = list(configs)
     keys = [config_key(c) for c in configs]
@@ -316,6 +317,7 @@ def measure_speedup(configs, train_fn, workers=(1, 2), out_dir=None, threads_per
     whose load drifts does not favour one count. cores_used = the workers' CPU seconds / wall seconds: how
     many cores' worth of compute the sweep really got (low on a busy shared machine).
     threads_per_worker: default cores // workers (the fair split); pass a number to oversubscribe on purpose.
+    (05_network_sweep)
     """
     import statistics
     import tempfile

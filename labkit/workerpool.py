@@ -22,7 +22,7 @@ def die_with_parent(parent_pid: int) -> None:
     """Make this process die when its parent dies, however it dies (SIGKILL included).
 
     Linux: the kernel sends SIGKILL when the parent exits (prctl PR_SET_PDEATHSIG). Everywhere (macOS): a
-    daemon thread polls os.getppid() and kills this process once the parent is gone."""
+    daemon thread polls os.getppid() and kills this process once the parent is gone. (05_network_sweep)"""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -51,13 +51,15 @@ def _worker_init(threads: int, tensorflow: bool, parent_pid: int) -> None:
 
 
 def new_pool(num_workers: int, threads: int, tensorflow: bool = True) -> cf.ProcessPoolExecutor:
-    """A spawn-context pool whose workers are pinned to `threads` threads each and die with this process."""
+    """A spawn-context pool whose workers are pinned to `threads` threads each and die with this process.
+    (05_network_sweep)"""
     return cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=mp.get_context("spawn"),
                                   initializer=_worker_init, initargs=(threads, tensorflow, os.getpid()))
 
 
 def kill_pool(pool) -> None:
-    """End the workers now (an interrupt must not leave training running) and wait until they are gone."""
+    """End the workers now (an interrupt must not leave training running) and wait until they are gone.
+    (05_network_sweep)"""
     procs = list((getattr(pool, "_processes", None) or {}).values())
     for proc in procs:
         try:
@@ -73,5 +75,6 @@ def kill_pool(pool) -> None:
 
 
 def raise_interrupt(signum, frame):
-    """Signal handler: SIGTERM treated as Ctrl-C (install it with signal.signal in the main thread)."""
+    """Signal handler: SIGTERM treated as Ctrl-C (install it with signal.signal in the main thread).
+    (05_network_sweep)"""
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
