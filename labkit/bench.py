@@ -356,7 +356,7 @@ def cli_main(argv: list) -> int:
     parser.add_argument("--batch-size", type=int, help="images per batch (default: by profile, quick=2, workshop=8)")
     parser.add_argument("--repeats", type=int, help="timed repeats per method (default: by profile)")
     parser.add_argument("--chunk-size", default="auto",
-                        help="im2col rows per GEMM: 'auto' (default, about 4 MiB), a number, or 0 = whole batch, one GEMM")
+                        help="im2col rows per GEMM: 'auto' (default, about 2 MiB), a number, or 0 = whole batch, one GEMM")
     parser.add_argument("--kernels", default="3,1", help="which layers: '3', '1' or '3,1' (default)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loops")
     parser.add_argument("--threads", type=int,
@@ -383,6 +383,11 @@ def cli_main(argv: list) -> int:
     if not kernels or not kernels <= {1, 3}:
         parser.error(f"--kernels must be a comma-separated list of 3 and 1; got {args.kernels!r}")
 
+    try:
+        default_settings()  # an unknown LABKIT_PROFILE, before TensorFlow starts
+    except ValueError as err:
+        print(f"labkit conv-bench: {err}", file=sys.stderr)
+        return 2
     if args.json:
         problem = _unwritable(args.json)
         if problem:

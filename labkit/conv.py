@@ -21,11 +21,12 @@ from typing import NamedTuple
 import numpy as np
 
 PADDING_HELP = "padding must be 'VALID', 'SAME' or pairs [(top, bottom), (left, right)]"
-# chunk_size="auto": as many im2col rows as fit in CHUNK_BYTES, but at least MIN_CHUNK_ROWS. A 4 MiB buffer
-# stays in the last-level cache while it is written and read back by the GEMM; 1024+ rows keep the GEMM near
-# its full rate when the weight matrix is large (every GEMM packs all of it again). The chunk-size sweep in
-# 02_im2col shows the trade-off.
-CHUNK_BYTES = 4 * 2**20
+# chunk_size="auto": as many im2col rows as fit in CHUNK_BYTES, but at least MIN_CHUNK_ROWS. A 2 MiB buffer
+# stays in cache while it is written and read back by the GEMM; 1024+ rows keep the GEMM near its full rate
+# when the weight matrix is large (every GEMM packs all of it again). Measured single-core by CPU time on
+# ResNet-50's 3x3 layers (labkit conv-bench --threads 1 --cpu-time): 2 MiB was as fast as 4 MiB or faster
+# on every layer; the chunk-size sweep in 02_im2col shows the trade-off.
+CHUNK_BYTES = 2 * 2**20
 MIN_CHUNK_ROWS = 1024
 # with threads=None, worker threads are used only when each gets at least this many rows; smaller
 # problems run as one GEMM on BLAS's own threads (splitting a short matrix only repeats B's packing)
@@ -427,8 +428,8 @@ def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_s
 
     chunk_size bounds the im2col buffer to that many rows (output pixels; at least one output row):
     kh*kw*C_in*chunk_size values per thread instead of kh*kw times the whole input, and a buffer that
-    stays in cache. "auto" (default) picks about 4 MiB; None builds the whole matrix and runs exactly
-    one GEMM. With chunks, `threads` workers (default: as many as BLAS uses, when the batch is large
+    stays in cache. "auto" (default) picks about 2 MiB (at least 1024 rows); None builds the whole
+    matrix and runs exactly one GEMM. With chunks, `threads` workers (default: as many as BLAS uses, when the batch is large
     enough) each take the next chunk, build its rows and multiply them with a single-threaded BLAS, so
     the copying runs in parallel too (meanwhile numpy's BLAS is set to one thread, process-wide).
     """

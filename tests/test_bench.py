@@ -116,7 +116,7 @@ def test_conv_bench_cpu_time_and_bad_threads():
 def test_chunk_sweep_reports_memory_and_rate():
     layer = bench.ConvLayer("t", 16, 8, 8, 3)
     df = bench.chunk_sweep(layer, chunk_sizes=(16, 64, "auto", None), batch_size=2, repeats=2, threads=1)
-    assert list(df.index) == [16, 64, f"auto ({4 * 2**20 // (72 * 4)})", "whole batch"]
+    assert list(df.index) == [16, 64, f"auto ({2 * 2**20 // (72 * 4)})", "whole batch"]
     # the whole-batch buffer is the full matrix: 2*16*16 rows x 72 columns x 4 bytes
     assert df.loc["whole batch", "im2col buffer (MiB)"] == round(2 * 256 * 72 * 4 / 2**20, 2)
     assert df.loc[16, "GEMMs"] == 32 and df.loc["whole batch", "GEMMs"] == 1
@@ -140,6 +140,14 @@ def test_unwritable_json_fails_before_any_compute(tmp_path, monkeypatch, capsys)
         assert bench.cli_main(["--json", str(bad)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--json" in err and "Traceback" not in err
+
+
+def test_unknown_profile_fails_before_any_compute(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "conv_bench", lambda **kw: pytest.fail("computed with an unknown profile"))
+    monkeypatch.setenv("LABKIT_PROFILE", "bogus")
+    assert bench.cli_main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "LABKIT_PROFILE" in err
 
 
 def test_conv_bench_rejects_bad_arguments_before_compute():

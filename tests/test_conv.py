@@ -231,9 +231,9 @@ def test_chunk_size_bounds_peak_memory():
     assert peak_chunked < full_cols / 4
 
 
-def test_auto_chunk_size_is_about_4_mib_of_rows():
-    g = conv.geometry((8, 56, 56, 64), 3, 1, "SAME")  # K = 576 columns of float32
-    assert conv._check_chunk_size("auto", g, np.float32) == 4 * 2**20 // (576 * 4)
+def test_auto_chunk_size_is_about_2_mib_of_rows():
+    g = conv.geometry((8, 56, 56, 8), 3, 1, "SAME")  # K = 72 columns of float32
+    assert conv._check_chunk_size("auto", g, np.float32) == 2 * 2**20 // (72 * 4)
     g = conv.geometry((8, 7, 7, 512), 3, 1, "SAME")  # K = 4608: never fewer than 1024 rows
     assert conv._check_chunk_size("auto", g, np.float32) == 1024
 
