@@ -339,8 +339,8 @@ def test_pipeline_rejects_float_images_and_mismatched_labels():
 # --- the CLI ---------------------------------------------------------------------------------------------
 
 
-def test_cli_where_lists_places_and_choice(isolated):
-    make_cifar_fixture(isolated / "labkit_data")
+def test_cli_where_lists_places_and_choice(isolated, monkeypatch):
+    make_cifar_fixture(isolated / "labkit_data", monkeypatch=monkeypatch)
     out = io.StringIO()
     with redirect_stdout(out):
         assert data.cli_main(["where"]) == 0
