@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("hpc/*.sbatch")])
+SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("hpc/*.sbatch"), ROOT / "binder/postBuild",
+                  ROOT / "binder/start"])
 
 
 def test_there_are_scripts_to_check():
@@ -42,6 +43,23 @@ def test_no_unguarded_array_expansion(script):
             if f'${{{match[1]}[@]+"${{{match[1]}[@]}}"}}' not in line:
                 bad.append(f"{script.name}:{number}: {line.strip()}")
     assert not bad, "unguarded array expansion (aborts under set -u in bash 3.2):\n" + "\n".join(bad)
+
+
+# bash >= 4 only: associative arrays, mapfile, case-changing expansions, |&, &>>, namerefs, [[ -v ]]
+BASH4 = re.compile(r"declare -A|\bmapfile\b|\breadarray\b|\$\{\w+(,,|\^\^)|\|&|&>>|local -n|\bcoproc\b|\[\[ -v ")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_no_bash4_only_syntax(script):
+    bad = [f"{script.name}:{n}: {line.strip()}" for n, line in enumerate(script.read_text().splitlines(), 1)
+           if not line.lstrip().startswith("#") and BASH4.search(line)]
+    assert not bad, "bash >= 4 only (macOS's /bin/bash is 3.2):\n" + "\n".join(bad)
+
+
+def test_the_bash4_pattern_is_caught():
+    for line in ['declare -A seen', 'mapfile -t lines < f', 'echo "${name,,}"', 'make |& tee log', 'x &>> log']:
+        assert BASH4.search(line), line
+    assert not BASH4.search('echo "${name:-x}" 2>&1 | tee log')
 
 
 def test_the_unguarded_pattern_is_caught():
