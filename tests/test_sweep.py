@@ -400,3 +400,32 @@ def test_measure_speedup_on_work_that_parallelises_perfectly(tmp_path):
     assert df.wall_s.iloc[0] >= 4 * 0.5 and (df.cores_used < 0.5).all()  # asleep, not computing
     with pytest.raises(ValueError, match="repeats"):
         sweep.measure_speedup(toy_configs(1), Toy(str(marks)), repeats=0)
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_notebook_kernel_leaves_no_worker_behind(tmp_path):
+    # the Binder case: a kernel running the sweep is killed (OOM killer, "restart kernel" after a hang)
+    import psutil
+    from jupyter_client import KernelManager
+
+    marks, out = tmp_path / "m", tmp_path / "r.jsonl"
+    marks.mkdir()
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path))
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        kc.execute(ORPHAN_SCRIPT.format(tests=str(HERE), marks=str(marks), out=str(out)))
+        kernel = psutil.Process(km.provisioner.process.pid)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(list(marks.iterdir())) < 2:
+            time.sleep(0.1)
+        workers = {int(p.name.split(".")[1]) for p in marks.iterdir()}
+        children = [c.pid for c in kernel.children(recursive=True)]
+        assert len(workers) == 2 and workers <= set(children)
+        kernel.kill()
+        assert wait_gone(children) == []
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
