@@ -10,6 +10,7 @@ Introduced in notebooks/04_horovod_scaling.ipynb.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 
@@ -44,6 +45,8 @@ def phases(path):
         pid, ts = e["pid"], (e["ts"] - t0) / 1e3
         stack = stacks.setdefault(pid, [])
         if e["ph"] == "X":
+            if not e.get("dur"):  # zero-length marks (which rank reported ready): not a phase
+                continue
             rows.append((pid, e.get("name", ""), len(stack), ts, e.get("dur", 0) / 1e3))
         elif e["ph"] == "B":
             stack.append((e.get("name", ""), ts))
@@ -61,6 +64,47 @@ def phases(path):
     df["step"] = [max(0, bisect.bisect_right(starts.get(p, []), s + 1e-9) - 1)
                   for p, s in zip(df.pid, df.start_ms)]
     return df.drop(columns="pid").sort_values(["start_ms", "depth"]).reset_index(drop=True)
+
+
+def short_name(tensor: str) -> str:
+    """'.../HorovodAllreduce_gradient_tape_seed002_fc_MatMul_0' -> 'seed002_fc_MatMul_0'."""
+    m = re.search(r"Horovod(?:Allreduce|Broadcast)_(?:gradient_tape_)?(.*)$", tensor)
+    return m[1] if m else tensor.split("/")[-1]
+
+
+def gradient_step(df, step=-1):
+    """The rows of one training step's gradient allreduces (step=-1: the last one), times from its start."""
+    grads = df[df.tensor.str.contains("DistributedGradientTape|gradient_tape", regex=True)]
+    if grads.empty:
+        raise ValueError("no gradient allreduces in this timeline (DistributedGradientTape tensors)")
+    steps = sorted(grads.step.unique())
+    one = grads[grads.step == steps[step]].copy()
+    one["start_ms"] -= one.start_ms.min()
+    one["tensor"] = one.tensor.map(short_name)
+    return one.reset_index(drop=True)
+
+
+def breakdown(step_df) -> dict:
+    """One step's gradient exchange in numbers (ms): when gradients became ready, negotiation, allreduce.
+
+    ready_span: first to last gradient reaching Horovod (backprop still running in between);
+    allreduce_wall: first allreduce start to last allreduce end; overlap: allreduce time that ran before
+    the last gradient was ready, i.e. hidden behind backprop.
+    """
+    top = step_df[step_df.depth == 0]
+    neg, red = top[top.phase.str.startswith("NEGOTIATE")], top[top.phase == "ALLREDUCE"]
+    last_ready = neg.start_ms.max()
+    a0, a1 = red.start_ms.min(), (red.start_ms + red.dur_ms).max()
+    busy = sorted(zip(red.start_ms, red.start_ms + red.dur_ms))
+    hidden, cur_end = 0.0, -1.0
+    for s, e in busy:  # union of allreduce intervals before last_ready
+        s, e = max(s, cur_end), min(e, last_ready)
+        if e > s:
+            hidden += e - s
+        cur_end = max(cur_end, e)
+    return {"tensors": int(red.tensor.nunique()), "ready_span_ms": float(last_ready - neg.start_ms.min()),
+            "negotiate_median_ms": float(neg.dur_ms.median()), "allreduce_wall_ms": float(a1 - a0),
+            "allreduces": int(len(red)), "overlap_ms": float(hidden)}
 
 
 def summary(df):
@@ -88,7 +132,7 @@ def plot(df, step=None, ax=None, max_tensors=40):
             ax.broken_barh([(r.start_ms - t_min, max(r.dur_ms, 0.05))], (y - h / 2, h), color=c,
                            label=r.phase if r.phase not in ax.get_legend_handles_labels()[1] else None)
     ax.set_yticks(range(len(order)))
-    ax.set_yticklabels([t.split("/")[-1][:40] for t in order], fontsize=6)
+    ax.set_yticklabels([short_name(t)[:40] for t in order], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.legend(fontsize=7, loc="lower right")
