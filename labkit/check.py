@@ -24,7 +24,7 @@ def _out_size(size, kernel, stride, pad_total):
 
 @checker
 def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) -> Spec:
-    """Output height of a convolution: floor((size + 2 padding - kernel) / stride) + 1."""
+    """Output height of a convolution: floor((size + 2 padding - kernel) / stride) + 1. (01_cnn_basics)"""
     n, k, s, p = size, kernel, stride, padding
     out = _out_size(n, k, s, 2 * p)
     return Spec(out, mistakes=[
@@ -41,7 +41,7 @@ def conv_output_size(size: int, kernel: int, stride: int = 1, padding: int = 0) 
 
 @checker
 def dense_output(x, w, b) -> Spec:
-    """A dense layer's output as one matrix multiply: x @ w + b, shape (batch, outputs)."""
+    """A dense layer's output as one matrix multiply: x @ w + b, shape (batch, outputs). (01_cnn_basics)"""
     x, w, b = (np.asarray(v, dtype=np.float64) for v in (x, w, b))
     y = x @ w + b
     return Spec(y, kind="array", mistakes=[
@@ -55,7 +55,10 @@ def dense_output(x, w, b) -> Spec:
 
 @checker
 def pool_output_shape(input_shape, pool_size: int, strides: int) -> Spec:
-    """(height, width, channels) after max pooling without padding: the spatial rule of a convolution."""
+    """(height, width, channels) after max pooling without padding: the spatial rule of a convolution.
+
+    (01_cnn_basics)
+    """
     h, w, c = (int(v) for v in input_shape)
     out = (_out_size(h, pool_size, strides, 0), _out_size(w, pool_size, strides, 0), c)
     return Spec(out, kind="shape", mistakes=[
@@ -80,7 +83,7 @@ def _geometry(input_shape, kernel_size, strides, padding):
 
 @checker
 def im2col_shape(input_shape, kernel_size, strides=1, padding="VALID") -> Spec:
-    """Shape of the im2col matrix: (N * H_out * W_out, kh * kw * C_in)."""
+    """Shape of the im2col matrix: (N * H_out * W_out, kh * kw * C_in). (02_im2col)"""
     g = _geometry(input_shape, kernel_size, strides, padding)
     m, k = g.cols_shape
     return Spec((m, k), kind="shape", mistakes=[
@@ -94,7 +97,7 @@ def im2col_shape(input_shape, kernel_size, strides=1, padding="VALID") -> Spec:
 
 @checker
 def patch(x, kernel_size, pixel, strides=1) -> Spec:
-    """The im2col row of one output pixel (VALID padding): the kh x kw x C patch, flattened row by row."""
+    """The im2col row of one output pixel (VALID padding): the kh x kw x C patch, flattened row by row. (02_im2col)"""
     from labkit import conv
     x = np.asarray(x, dtype=np.float64)
     g = _geometry(x.shape, kernel_size, strides, "VALID")
@@ -105,8 +108,8 @@ def patch(x, kernel_size, pixel, strides=1) -> Spec:
     mistakes = [
         ("not_flat", lambda a: a.size == row.size and a.shape != row.shape and np.allclose(a.ravel(), row),
          "right numbers, but flatten the patch into one row: .reshape(-1) or .ravel()."),
-        ("channel_order", window.transpose(2, 0, 1).ravel(), "order the values (row, column, channel), as "
-                                                              "window.ravel() does on an NHWC slice, not channel first."),
+        ("channel_order", window.transpose(2, 0, 1).ravel(),
+         "order the values (row, column, channel), as .ravel() does on an NHWC slice, not channel first."),
         ("no_stride", x[0, i:i + g.kh, j:j + g.kw, :].ravel(), f"output pixel (i, j) starts at input (i x "
                                                                f"stride, j x stride) = ({top}, {left})."),
         ("swapped", x[0, j * g.sh:j * g.sh + g.kh, i * g.sw:i * g.sw + g.kw, :].ravel(),
@@ -120,7 +123,7 @@ def patch(x, kernel_size, pixel, strides=1) -> Spec:
 
 @checker
 def gemm_flops(input_shape, kernel_size, c_out: int, strides=1, padding="VALID") -> Spec:
-    """FLOPs of a convolution as one GEMM: 2 x M x K x N (M output pixels, K patch values, N filters)."""
+    """FLOPs of a convolution as one GEMM: 2 x M x K x N (M output pixels, K patch values, N filters). (02_im2col)"""
     g = _geometry(input_shape, kernel_size, strides, padding)
     m, k = g.cols_shape
     flops = g.flops(c_out)
@@ -134,7 +137,7 @@ def gemm_flops(input_shape, kernel_size, c_out: int, strides=1, padding="VALID")
 
 @checker
 def im2col_mib(input_shape, kernel_size, strides=1, padding="VALID", bytes_per_value: int = 4) -> Spec:
-    """Memory of the im2col matrix in MiB: M x K values x bytes per value / 2**20."""
+    """Memory of the im2col matrix in MiB: M x K values x bytes per value / 2**20. (02_im2col)"""
     g = _geometry(input_shape, kernel_size, strides, padding)
     m, k = g.cols_shape
     values = m * k
@@ -162,7 +165,7 @@ def _one_conv(input_hw, kernel, c_in, c_out, stride, padding):
 
 @checker
 def conv_macs(input_hw, kernel: int, c_in: int, c_out: int, stride: int = 1, padding: str = "same") -> Spec:
-    """Multiply-adds of one conv layer: H_out x W_out x kh x kw x C_in x C_out (labkit.flops counts them)."""
+    """Multiply-adds of one conv layer: H_out x W_out x kh x kw x C_in x C_out (labkit.flops counts them). (03_flops)"""
     report, shape = _one_conv(input_hw, kernel, c_in, c_out, stride, padding)
     macs, (_, h_out, w_out, _) = report.macs, shape
     return Spec(macs, rtol=5e-3, mistakes=[
@@ -177,7 +180,7 @@ def conv_macs(input_hw, kernel: int, c_in: int, c_out: int, stride: int = 1, pad
 
 @checker
 def conv_params(kernel: int, c_in: int, c_out: int, bias: bool = True) -> Spec:
-    """Learnable parameters of a conv layer: kh x kw x C_in x C_out weights (+ C_out biases)."""
+    """Learnable parameters of a conv layer: kh x kw x C_in x C_out weights (+ C_out biases). (03_flops)"""
     report, _ = _one_conv(kernel, kernel, c_in, c_out, 1, "valid")  # the smallest input the kernel fits
     params = report.params if bias else report.params - c_out
     weights = kernel * kernel * c_in * c_out
@@ -193,7 +196,7 @@ def conv_params(kernel: int, c_in: int, c_out: int, bias: bool = True) -> Spec:
 
 @checker
 def activation_mb(shape, batch_size: int, bytes_per_value: int = 4) -> Spec:
-    """Memory of one layer's output for a batch in MB (10^6 bytes): batch x H x W x C x 4 bytes."""
+    """Memory of one layer's output for a batch in MB (10^6 bytes): batch x H x W x C x 4 bytes. (03_flops)"""
     per_image = int(np.prod([int(v) for v in shape]))
     mb = batch_size * per_image * bytes_per_value / 1e6
     return Spec(mb, rtol=1e-2, mistakes=[
@@ -221,7 +224,7 @@ def _ring_time(n_bytes, p):
 
 @checker
 def ring_bytes_sent(n_bytes: float, workers: int) -> Spec:
-    """Bytes each rank sends in a ring allreduce of n bytes on p workers: 2 (p - 1) / p x n."""
+    """Bytes each rank sends in a ring allreduce of n bytes on p workers: 2 (p - 1) / p x n. (04_horovod_scaling)"""
     p, n = workers, n_bytes
     sent = _ring_time(n, p)
     return Spec(sent, rtol=5e-3, mistakes=[
@@ -245,7 +248,7 @@ def _scaled_lr(base_lr, batch_size, base_batch_size):
 
 @checker
 def scaled_lr(base_lr: float, base_batch_size: int, batch_per_worker: int, workers: int) -> Spec:
-    """The linear scaling rule (Goyal et al. 2017): LR = base LR x total batch / base batch."""
+    """The linear scaling rule (Goyal et al. 2017): LR = base LR x total batch / base batch. (04_horovod_scaling)"""
     total = batch_per_worker * workers
     lr = _scaled_lr(base_lr, total, base_batch_size)
     return Spec(lr, mistakes=[
@@ -262,7 +265,10 @@ def scaled_lr(base_lr: float, base_batch_size: int, batch_per_worker: int, worke
 
 @checker
 def warmup_lr(base_lr: float, target_lr: float, step: int, warmup_steps: int) -> Spec:
-    """Gradual warmup (Goyal et al. 2017): a straight line from the base LR to the target LR over warmup_steps."""
+    """Gradual warmup (Goyal et al. 2017): a straight line from the base LR to the target LR over warmup_steps.
+
+    (04_horovod_scaling)
+    """
     ramp = min(step / warmup_steps, 1.0)
     try:  # the one warmup schedule, where it exists
         from labkit.training import warmup_lr as schedule
@@ -280,7 +286,10 @@ def warmup_lr(base_lr: float, target_lr: float, step: int, warmup_steps: int) ->
 
 @checker
 def efficiency(images_per_sec_1: float, images_per_sec_n: float, workers: int) -> Spec:
-    """Weak-scaling efficiency: throughput at n workers / (n x throughput at 1 worker), as a fraction."""
+    """Weak-scaling efficiency: throughput at n workers / (n x throughput at 1 worker), as a fraction.
+
+    (04_horovod_scaling)
+    """
     try:
         import pandas as pd
 
@@ -301,7 +310,10 @@ def efficiency(images_per_sec_1: float, images_per_sec_n: float, workers: int) -
 # ------------------------------------------------------------------------------------ 05_network_sweep
 @checker
 def memory_footprint(filters: int, filter_size: int, pool_size: int, extra_conv: bool = False) -> Spec:
-    """The MATLAB paper's memory footprint in bytes: 4 bytes x learnable parameters (weights and biases)."""
+    """The MATLAB paper's memory footprint in bytes: 4 bytes x learnable parameters (weights and biases).
+
+    (05_network_sweep)
+    """
     from labkit.models.cifar import memory_footprint as footprint, seed000_net
     model = seed000_net(filters, filter_size, pool_size, extra_conv)
     total = footprint(model)
@@ -332,7 +344,7 @@ def _beaten_by(points, i):
 
 @checker
 def on_pareto_front(points, index: int) -> Spec:
-    """Whether point `index` of (memory, accuracy) pairs is on the Pareto front."""
+    """Whether point `index` of (memory, accuracy) pairs is on the Pareto front. (05_network_sweep)"""
     points = [tuple(p) for p in points]
     on = index in _front(points)
     j = _beaten_by(points, index)
@@ -345,7 +357,7 @@ def on_pareto_front(points, index: int) -> Spec:
 
 @checker
 def pareto_front(points) -> Spec:
-    """The indices of the Pareto front of (memory, accuracy) points: none is beaten on both axes."""
+    """The indices of the Pareto front of (memory, accuracy) points: none is beaten on both axes. (05_network_sweep)"""
     points = [tuple(p) for p in points]
     front = frozenset(_front(points))
 
@@ -371,7 +383,10 @@ def pareto_front(points) -> Spec:
 # ------------------------------------------------------------------------------------ 06_transfer_learning
 @checker
 def frozen_layers(model, head: str = "new_fc") -> Spec:
-    """Strategy (a): which layers to freeze, i.e. every layer with weights except the new head."""
+    """Strategy (a): which layers to freeze, i.e. every layer with weights except the new head.
+
+    (06_transfer_learning)
+    """
     named = [layer.name for layer in model.layers]
     with_weights = [layer.name for layer in model.layers if layer.weights]
     expected = frozenset(n for n in with_weights if n != head)
@@ -386,7 +401,10 @@ def frozen_layers(model, head: str = "new_fc") -> Spec:
 
 @checker
 def effective_lr(lr: float, transfer_lr_drop: float, factor: float) -> Spec:
-    """The learning rate a layer really gets: (global LR / transfer drop) x the layer's LR factor."""
+    """The learning rate a layer really gets: (global LR / transfer drop) x the layer's LR factor.
+
+    (06_transfer_learning)
+    """
     eff = lr / transfer_lr_drop * factor
     return Spec(eff, mistakes=[
         ("no_factor", lr / transfer_lr_drop, f"the layer's factor multiplies the LR: x {factor:g}."),
@@ -399,7 +417,7 @@ def effective_lr(lr: float, transfer_lr_drop: float, factor: float) -> Spec:
 
 @checker
 def head_params(base, classes: int) -> Spec:
-    """Trainable parameters of strategy (a): the new head only, features x classes + classes."""
+    """Trainable parameters of strategy (a): the new head only, features x classes + classes. (06_transfer_learning)"""
     from labkit import transfer
     model = transfer.transfer_model(base, classes, freeze_base=True)
     counts = transfer.param_counts(model)

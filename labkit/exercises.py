@@ -102,7 +102,8 @@ def exercises(nb, name: str = "notebook") -> list[Exercise]:
             raise ExerciseFormatError(f"{where}: the next cell must call a checker, check.NAME(answer, ...)")
         title = cell.source.splitlines()[0].lstrip("# ").strip()
         doc = (check.CHECKERS[call.group(1)].__doc__ or "").strip().splitlines()
-        found.append(Exercise(name, i, title, call.group(1), doc[0] if doc else ""))
+        checks = re.sub(r"\s*\(\d\d_\w+\)$", "", doc[0]) if doc else ""  # without the notebook's name
+        found.append(Exercise(name, i, title, call.group(1), checks))
     return found
 
 

@@ -84,7 +84,8 @@ def cases():
     conv_keras.build((None, 8, 8, 32))
     return [
         ("conv_output_size", dict(size=20, kernel=3, stride=2, padding=4), _out(20, 3, 2, 4), {
-            "no_plus_one": (20 + 8 - 3) // 2, "no_padding": (20 - 3) // 2 + 1, "one_side_padding": (20 + 4 - 3) // 2 + 1,
+            "no_plus_one": (20 + 8 - 3) // 2, "no_padding": (20 - 3) // 2 + 1,
+            "one_side_padding": (20 + 4 - 3) // 2 + 1,
             "no_stride": 20 + 8 - 3 + 1, "ceil": math.ceil((20 + 8 - 3) / 2) + 1}),
         ("dense_output", dict(x=x, w=w, b=b), dense(x).numpy(), {
             "no_bias": x @ w, "transposed": (x @ w + b).T, "transposed_no_bias": w.T @ x.T}),
