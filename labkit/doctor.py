@@ -197,14 +197,14 @@ def doctor(check_horovod: bool = True) -> Report:
 
 def _cifar10_check(report: Report) -> Check:
     """Found and intact, corrupt (load_dataset would raise: a failed, required check with the fix), or absent."""
-    from labkit import data
+    from labkit import cifar10
 
-    where = data.find_cifar10() or data._find_archive()
+    where = cifar10.find_cifar10() or cifar10._find_archive()
     report.info["cifar10"] = str(where) if where else None
     if where is None:
         return Check("cifar10", False, "not found locally; notebooks use the offline data set",
                      "optional: `labkit data fetch cifar10` on a machine with internet", required=False)
-    problem = data.cifar10_problem()
+    problem = cifar10.cifar10_problem()
     if problem:
         return Check("cifar10", False, f"{where} is corrupt: notebooks that load it will stop with an error",
                      "labkit data fetch cifar10 --force (on a machine with internet), or delete it to use the "

@@ -1,4 +1,4 @@
-"""labkit.data: the CIFAR-10 loader on a fixture in CIFAR-10's own format, checksums, the synthetic set, the
+"""labkit.data and labkit.cifar10: the CIFAR-10 loader on a fixture in CIFAR-10's own format, checksums, the synthetic set, the
 tf.data pipeline (shapes, normalisation, shuffling, sharding, augmentation) and `labkit data`."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import labkit  # noqa: F401  (sets TF's log level before TensorFlow loads)
-from labkit import data
+from labkit import cifar10, data
 
 N_PER_BATCH = 7  # small batches; the format is the same as the real 10000-image ones
 
@@ -28,14 +28,14 @@ def _write_batch(path: Path, images: np.ndarray, labels: np.ndarray, name: bytes
 
 
 def trust(monkeypatch, folder: Path):
-    """Let labkit accept this fixture's files: its checksum table (data.CIFAR10_FILES, the official MD5s
+    """Let labkit accept this fixture's files: its checksum table (cifar10.CIFAR10_FILES, the official MD5s
     otherwise) swapped for the fixture's own MD5s and row counts, for this test only."""
     table = {}
-    for name in data.CIFAR10_FILES:
+    for name in cifar10.CIFAR10_FILES:
         with open(folder / name, "rb") as f:
             rows = len(pickle.load(f, encoding="bytes")[b"data"])  # the test's own file, not untrusted data
         table[name] = (hashlib.md5((folder / name).read_bytes()).hexdigest(), rows)
-    monkeypatch.setattr(data, "CIFAR10_FILES", table)
+    monkeypatch.setattr(cifar10, "CIFAR10_FILES", table)
 
 
 def make_cifar_fixture(root: Path, seed=0, monkeypatch=None):
@@ -99,7 +99,7 @@ def test_parser_reads_cifar_format_as_keras_does(isolated, monkeypatch):
 
 def test_verified_archive_is_extracted_and_used(isolated, monkeypatch):
     images, labels, archive = _only_archive(isolated, monkeypatch=monkeypatch)
-    monkeypatch.setattr(data, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(cifar10, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
     (x_train, _), (x_test, y_test) = data.load_cifar10(archive.parent, download=False)
     np.testing.assert_array_equal(x_test, images[5 * N_PER_BATCH:])
     np.testing.assert_array_equal(y_test[:, 0], labels[5 * N_PER_BATCH:])
@@ -119,7 +119,7 @@ def test_checksum_failure_is_reported_and_archive_never_used(isolated):
 def test_truncated_archive_fails_checksum(isolated, monkeypatch):
     _, _, archive = _only_archive(isolated)
     good = hashlib.md5(archive.read_bytes()).hexdigest()
-    monkeypatch.setattr(data, "CIFAR10_MD5", good)
+    monkeypatch.setattr(cifar10, "CIFAR10_MD5", good)
     archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
     with pytest.raises(data.CorruptDataError, match="truncated or corrupted"):
         data.load_cifar10(archive.parent, download=False)
@@ -130,7 +130,7 @@ def test_truncated_archive_with_matching_checksum_fails_extraction(isolated, mon
     # a checksum that matches but a broken gzip stream: the tar reader must fail cleanly, nothing half-extracted
     _, _, archive = _only_archive(isolated)
     archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
-    monkeypatch.setattr(data, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(cifar10, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
     with pytest.raises(data.CorruptDataError, match="could not be extracted"):
         data.load_cifar10(archive.parent, download=False)
     assert not (archive.parent / data.CIFAR10_DIRNAME).exists()
@@ -184,9 +184,9 @@ def test_download_goes_through_get_file_with_the_official_md5(isolated, monkeypa
     import tensorflow as tf
 
     monkeypatch.setattr(tf.keras.utils, "get_file", fake_get_file)
-    monkeypatch.setattr(data, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(cifar10, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
     path = data.fetch_cifar10(isolated / "fetched")
-    assert calls == [(data.CIFAR10_ARCHIVE, data.CIFAR10_URL, data.CIFAR10_MD5, "md5")]
+    assert calls == [(data.CIFAR10_ARCHIVE, data.CIFAR10_URL, cifar10.CIFAR10_MD5, "md5")]
     assert path == isolated / "fetched" / data.CIFAR10_ARCHIVE
 
 
@@ -369,7 +369,7 @@ def test_cli_fetch_stages_data(isolated, monkeypatch, capsys):
         return str(dest)
 
     monkeypatch.setattr(tf.keras.utils, "get_file", fake_get_file)
-    monkeypatch.setattr(data, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(cifar10, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
     assert data.cli_main(["fetch", "cifar10", "--dir", str(isolated / "d")]) == 0
     assert "export LABKIT_DATA=" in capsys.readouterr().out
     assert data.find_cifar10(isolated / "d") is not None
@@ -418,10 +418,10 @@ def test_planted_pickle_is_refused_by_the_unpickler_even_with_a_matching_checksu
     marker = isolated / "pwned"
     _plant(folder, marker)
     # the planted file's own MD5 in the table (trust() would unpickle it, so not trust())
-    table = dict(data.CIFAR10_FILES, data_batch_1=(hashlib.md5((folder / "data_batch_1").read_bytes()).hexdigest(), 1))
-    monkeypatch.setattr(data, "CIFAR10_FILES", table)
+    table = dict(cifar10.CIFAR10_FILES, data_batch_1=(hashlib.md5((folder / "data_batch_1").read_bytes()).hexdigest(), 1))
+    monkeypatch.setattr(cifar10, "CIFAR10_FILES", table)
     with pytest.raises(data.CorruptDataError) as err:
-        data._load_batch(folder / "data_batch_1")
+        cifar10._load_batch(folder / "data_batch_1")
     message = str(err.value)
     assert "posix.system" in message or "os.system" in message  # names what it refused
     assert "data_batch_1" in message and "labkit data fetch cifar10 --force" in message
@@ -436,9 +436,9 @@ def test_batch_cut_short_is_refused_even_with_a_matching_checksum(isolated, monk
     images, labels, _ = make_cifar_fixture(isolated / "staged", monkeypatch=monkeypatch)
     folder = isolated / "staged" / data.CIFAR10_DIRNAME
     _write_batch(folder / "data_batch_2", images[:3], labels[:3], b"training batch 2 of 5")  # 3 of 7 rows
-    table = dict(data.CIFAR10_FILES)
+    table = dict(cifar10.CIFAR10_FILES)
     table["data_batch_2"] = (hashlib.md5((folder / "data_batch_2").read_bytes()).hexdigest(), N_PER_BATCH)
-    monkeypatch.setattr(data, "CIFAR10_FILES", table)
+    monkeypatch.setattr(cifar10, "CIFAR10_FILES", table)
     with pytest.raises(data.CorruptDataError, match=f"holds 3 images; this file holds {N_PER_BATCH}"):
         data.load_cifar10(isolated / "staged", download=False)
 
@@ -457,11 +457,11 @@ def test_wrong_dtype_or_label_range_is_refused(isolated, monkeypatch, bad, word)
 
 def test_official_per_file_checksums():
     # typed in from torchvision/datasets/cifar.py (CIFAR10.train_list / test_list), not copied from labkit
-    assert {k: v[0] for k, v in data.CIFAR10_FILES.items()} == {
+    assert {k: v[0] for k, v in cifar10.CIFAR10_FILES.items()} == {
         "data_batch_1": "c99cafc152244af753f735de768cd75f", "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
         "data_batch_3": "54ebc095f3ab1f0389bbae665268c751", "data_batch_4": "634d18415352ddfa80567beed471001a",
         "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb", "test_batch": "40351d587109b95175f43aff81a1287e"}
-    assert {v[1] for v in data.CIFAR10_FILES.values()} == {10000}  # 50000 train + 10000 test images
+    assert {v[1] for v in cifar10.CIFAR10_FILES.values()} == {10000}  # 50000 train + 10000 test images
 
 
 def test_cifar10_problem_names_a_corrupt_archive_and_the_fix(isolated):
@@ -486,7 +486,7 @@ def test_cli_fetch_force_replaces_a_corrupt_copy(isolated, monkeypatch, capsys):
         return str(dest)
 
     monkeypatch.setattr(tf.keras.utils, "get_file", fake_get_file)
-    monkeypatch.setattr(data, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(cifar10, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
     target = isolated / "d"
     assert data.cli_main(["fetch", "cifar10", "--dir", str(target)]) == 0
     batch = target / data.CIFAR10_DIRNAME / "data_batch_4"
