@@ -16,7 +16,7 @@ ALL = dict(count_bias=True, count_bn=True, count_activations=True, count_pooling
 
 # ---------------------------------------------------------------- published numbers
 def test_vgg16_macs_exact():
-    # the number: 15.47 G MACs = 15,470,264,320 at 224x224 (torchvision: "GFLOPS 15.47")
+    # 15.47 G MACs = 15,470,264,320 at 224x224 (the PyTorch torchvision documentation, VGG16_Weights: "GFLOPS 15.47")
     report = flops.count_named("vgg16")
     assert report.macs == 15_470_264_320
     assert report.flops == 2 * report.macs
@@ -25,7 +25,8 @@ def test_vgg16_macs_exact():
 @pytest.mark.parametrize("name,gmacs", [("vgg11", 7.61), ("vgg13", 11.31), ("vgg19", 19.63),
                                          ("alexnet", 0.71), ("resnet50_v1.5", 4.09)])
 def test_macs_match_torchvision_table(name, gmacs):
-    # torchvision's documentation calls these "GFLOPS" but counts multiply-adds
+    # the PyTorch torchvision documentation's model tables (torchvision.models, "GFLOPS" column) call these
+    # "GFLOPS" but count multiply-adds
     assert round(flops.count_named(name).macs / 1e9, 2) == gmacs
 
 
@@ -35,7 +36,8 @@ def test_macs_match_torchvision_table(name, gmacs):
     pytest.param("resnet152", 11.3, marks=pytest.mark.slow),
 ])
 def test_resnets_match_he_et_al_table_1(name, gmacs):
-    # He et al. 2016, Table 1 "FLOPs" (multiply-adds x 10^9), printed with one decimal: within 2 %
+    # He, Zhang, Ren & Sun 2016, "Deep Residual Learning for Image Recognition", Table 1 "FLOPs"
+    # (multiply-adds x 10^9), printed with one decimal: within 2 %
     macs = flops.count_named(name).macs / 1e9
     assert abs(macs - gmacs) / gmacs < 0.02
 
