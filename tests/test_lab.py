@@ -96,3 +96,14 @@ def test_headless_lab_without_a_terminal_names_where_the_token_is(lab, isolated_
     log = (isolated_home / "lab.log").read_text()
     assert token not in log
     assert f"{base}/lab" in log and "jupyter server list" in log
+
+
+@pytest.mark.parametrize("args, word", [(["--port", "abc"], "--port"), (["--port"], "--port"),
+                                        (["--open-to-all"], "unknown option")])
+def test_bad_arguments_are_one_line_exit_2(args, word):
+    import subprocess
+
+    from helpers import ROOT
+
+    proc = subprocess.run(["bash", str(ROOT / "scripts/lab.sh"), *args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and word in proc.stderr
