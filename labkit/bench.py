@@ -39,7 +39,8 @@ class ConvLayer:
         return conv.geometry((batch_size, self.size, self.size, self.c_in), self.kernel, 1, "SAME")
 
 
-# Each bottleneck block of ResNet-50 (He et al. 2016, Table 1): 1x1 reduce, 3x3, 1x1 expand.
+# Each bottleneck block of ResNet-50 (He et al. 2016, "Deep Residual Learning for Image Recognition",
+# Table 1): 1x1 reduce, 3x3, 1x1 expand.
 RESNET50_LAYERS = tuple(
     layer
     for stage, size, width in (("conv2_x", 56, 64), ("conv3_x", 28, 128), ("conv4_x", 14, 256), ("conv5_x", 7, 512))
