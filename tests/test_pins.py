@@ -88,6 +88,10 @@ def test_pip_resolves_the_pins_for_the_platform(platform, tmp_path):
     import subprocess
     import sys
 
+    probe = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "keras", "--retries", "0",
+                            "--timeout", "15"], capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0 or REQUIREMENTS["keras"] not in probe.stdout:
+        pytest.skip("the package index cannot be reached (offline?): pip cannot be asked which wheels exist")
     tag, marker_env = PLATFORMS[platform]
     wanted = tensorflow_for(marker_env) + [f"keras=={REQUIREMENTS['keras']}", f"numpy=={REQUIREMENTS['numpy']}"]
     proc = subprocess.run(
@@ -95,8 +99,6 @@ def test_pip_resolves_the_pins_for_the_platform(platform, tmp_path):
          "--only-binary=:all:", "--platform", tag, "--python-version", "3.11", "--target", str(tmp_path / "t"),
          "--report", str(tmp_path / "report.json"), "--quiet", *wanted],
         capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0 and not re.search(r"No matching distribution|Could not find a version", proc.stderr):
-        pytest.skip(f"the package index could not be asked (offline?): {proc.stderr.strip().splitlines()[-1:]}")
     assert proc.returncode == 0, proc.stderr
     import json
 
