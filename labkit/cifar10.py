@@ -143,6 +143,8 @@ def _verify_file(path: Path, files=None) -> int:
         raise CorruptDataError(f"{path} is not one of CIFAR-10's files ({', '.join(table)}). "
                                + _fix_hint(path.parent.parent))
     want, rows = table[path.name]
+    if not path.is_file():  # missing, or a device/FIFO planted in its place (hashing /dev/zero never ends)
+        raise CorruptDataError(f"{path} is missing or not a regular file. " + _fix_hint(path.parent.parent))
     try:
         got = md5(path)
     except OSError as err:

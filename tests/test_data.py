@@ -511,3 +511,12 @@ def test_cli_where_names_a_corrupt_copy(isolated, capsys):
     assert data.cli_main(["where"]) == 1
     out = capsys.readouterr().out
     assert "stops with an error" in out and "--force" in out and "the synthetic set" not in out
+
+
+def test_a_device_in_place_of_a_batch_is_refused_without_reading_it(isolated, monkeypatch):
+    make_cifar_fixture(isolated / "staged", monkeypatch=monkeypatch)
+    batch = isolated / "staged" / data.CIFAR10_DIRNAME / "data_batch_2"
+    batch.unlink()
+    batch.symlink_to("/dev/zero")  # hashing it would never end
+    with pytest.raises(data.CorruptDataError, match="data_batch_2 is missing or not a regular file"):
+        data.load_cifar10(isolated / "staged", download=False)
