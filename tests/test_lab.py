@@ -4,6 +4,7 @@ the server's log; without a display, the URL with the token goes to the learner'
 import json
 import os
 import pty
+import select
 import time
 
 import psutil
@@ -82,7 +83,8 @@ def test_headless_lab_prints_the_url_with_its_token_to_the_terminal_only(isolate
             shown = b""
             deadline = time.time() + 10
             while b"\n" not in shown.partition(b"lab: open")[2] and time.time() < deadline:
-                shown += os.read(master, 4096)
+                if select.select([master], [], [], 0.5)[0]:
+                    shown += os.read(master, 4096)
     finally:
         os.close(terminal)
         os.close(master)
