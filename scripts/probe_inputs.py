@@ -2,10 +2,12 @@
 """Probe labkit with the bad inputs found in review and count the answers: clear / traceback / silent.
 
   .venv/bin/python scripts/probe_inputs.py [--verbose]
+  PYTHONPATH=/path/to/an/older/checkout .venv/bin/python scripts/probe_inputs.py    (count an older labkit)
 
 clear:     a ValueError/TypeError (functions) or exit 2 with no traceback (commands) whose message names
            the parameter; traceback: any other exception or a command's traceback (or a message that does
-           not name the parameter: 'unclear'); silent: the bad input was accepted. Not a test: a report for
+           not name the parameter: 'unclear'); silent: the bad input was accepted (for `scale`: ranks were
+           launched, seen through a stand-in horovodrun). Not a test: a report for
            whoever tracks the count (tests/test_bad_inputs.py holds the same cases as tests).
 """
 from __future__ import annotations
@@ -39,9 +41,11 @@ def _cli(argv, word, env_extra=None):
             return "silent", "still running after 300 s (the bad input was not refused)"
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         last = lines[-1] if lines else ""
+        if marker.exists():
+            return "silent", "accepted: ranks were launched"
         if "Traceback" in proc.stderr:
             return "traceback", last
-        if proc.returncode == 2 and word in last and not marker.exists():
+        if proc.returncode == 2 and word in last:
             return "clear", last
         if proc.returncode == 0:
             return "silent", "exit 0"
@@ -126,7 +130,9 @@ def cases():
         ("conv2d_im2col N=0", _fn(conv((0, 8, 8, 3), (3, 3, 3, 4)), "N")),
         ("conv2d_im2col C=0", _fn(conv((1, 8, 8, 0), (3, 3, 0, 4)), "C")),
         ("conv2d_im2col C_out=0", _fn(conv((1, 8, 8, 3), (3, 3, 3, 0)), "C_out")),
-        ("predict(batch_size=0)", _fn(predict0, "batch_size")),
+        ("allreduce.predict(batch_per_gpu=0)", _fn(lambda: _import("labkit.allreduce", "labkit.scaling").predict(
+            (1, 2, 4), batch_per_gpu=0), "batch_per_gpu")),
+        ("training.predict(batch_size=0)", _fn(predict0, "batch_size")),
         ("take_slots(['a:x'])", _fn(lambda: _import("labkit.launch", "labkit.scaling").take_slots(["a:x"], 1), "a:x")),
         ("models.get(input_shape=(4,4,3))", _fn(lambda: __import__("labkit.models", fromlist=["get"]).get(
             "resnet50", input_shape=(4, 4, 3)), "input_shape")),
@@ -137,7 +143,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verbose", action="store_true", help="print each case's answer")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     counts = {"clear": 0, "unclear": 0, "traceback": 0, "silent": 0}
     for name, probe in cases():
         with tempfile.TemporaryDirectory() as tmp:

@@ -180,6 +180,10 @@ def test_conv2d_im2col_empty_dimensions(x_shape, w_shape, word):
     refuses(conv.conv2d_im2col, word, np.zeros(x_shape, np.float32), np.zeros(w_shape, np.float32))
 
 
+def test_allreduce_predict_batch_per_gpu_zero():
+    refuses(_allreduce().predict, "batch_per_gpu", (1, 2, 4), batch_per_gpu=0)
+
+
 def test_predict_batch_size_zero():
     import tensorflow as tf
 
