@@ -195,11 +195,11 @@ class BenchResult:
 def default_settings(profile: str | None = None) -> dict:
     """Batch size, repeats, naive input size and GEMM size for the active (or named) profile."""
     return dict(
-        batch_size=config.by_profile(quick=2, workshop=8, full=32, name=profile),
-        repeats=config.by_profile(quick=5, workshop=9, full=15, name=profile),
-        naive_size=config.by_profile(quick=2, workshop=3, full=4, name=profile),
-        naive_c_out=config.by_profile(quick=4, workshop=8, full=16, name=profile),
-        gemm_size=config.by_profile(quick=1024, workshop=2048, full=4096, name=profile),
+        batch_size=config.by_profile(quick=2, workshop=8, full=32, smoke=1, name=profile),
+        repeats=config.by_profile(quick=5, workshop=9, full=15, smoke=2, name=profile),
+        naive_size=config.by_profile(quick=2, workshop=3, full=4, smoke=1, name=profile),
+        naive_c_out=config.by_profile(quick=4, workshop=8, full=16, smoke=2, name=profile),
+        gemm_size=config.by_profile(quick=1024, workshop=2048, full=4096, smoke=512, name=profile),
     )
 
 

@@ -28,10 +28,30 @@ def profile() -> str:
     return value
 
 
-def by_profile(*, quick, workshop, full, name: str | None = None):
-    """Pick the value for the active profile: by_profile(quick=1, workshop=5, full=40)."""
+SMOKE_NOTE = "SMOKE SCALE: sizes shrunk to seconds; these numbers are not results"
+_NO_SMOKE = object()
+
+
+def smoke_scale() -> bool:
+    """True when LABKIT_SMOKE=1: every size shrinks to seconds, every code path of the profile stays. (00_welcome)"""
+    value = os.environ.get("LABKIT_SMOKE", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"LABKIT_SMOKE must be 1 (smoke scale) or 0/unset; got {value!r}")
+    return value == "1"
+
+
+def by_profile(*, quick, workshop, full, smoke=_NO_SMOKE, name: str | None = None):
+    """Pick the value for the active profile: by_profile(quick=1, workshop=5, full=40).
+
+    smoke= is the size used at smoke scale (LABKIT_SMOKE=1) whatever the profile; give it only for sizes
+    (images, epochs, steps, repeats, batch lists), never for choices such as a model or data set, which then
+    stay the profile's. (00_welcome)
+    """
     # name (or the active profile) selects; the keyword form keeps all three visible at the call site
-    return {"quick": quick, "workshop": workshop, "full": full}[name or profile()]
+    chosen = {"quick": quick, "workshop": workshop, "full": full}[name or profile()]
+    if smoke is not _NO_SMOKE and smoke_scale():
+        return smoke
+    return chosen
 
 
 def data_dir() -> Path:
@@ -64,4 +84,5 @@ def set_seed(seed: int = 42, deterministic: bool = False) -> int:
 
 def describe() -> str:
     """One line for a notebook's header: which profile and data directory produced these numbers."""
-    return f"profile={profile()} (LABKIT_PROFILE), data_dir={data_dir()} (LABKIT_DATA)"
+    line = f"profile={profile()} (LABKIT_PROFILE), data_dir={data_dir()} (LABKIT_DATA)"
+    return f"{line}\n{SMOKE_NOTE} (LABKIT_SMOKE=1)" if smoke_scale() else line

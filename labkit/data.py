@@ -120,7 +120,7 @@ def default_sizes(name: str) -> tuple[int, int]:
     """(n_train, n_test) the active profile uses: small in quick, all of CIFAR-10 in full."""
     full = (50000, 10000)
     return config.by_profile(quick=(5000, 1000), workshop=(10000, 2000) if name == "synthetic" else full,
-                             full=full)
+                             full=full, smoke=(1000, 500))
 
 
 def load_dataset(name=None, *, n_train=None, n_test=None, data_dir=None, seed=0, download=False):

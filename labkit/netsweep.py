@@ -192,7 +192,7 @@ class NetworkTrainer:
             quick=dict(epochs=1, train_size=1000, test_size=500, batch_size=25),
             workshop=dict(epochs=3, train_size=2000, test_size=1000, batch_size=25),
             full=dict(epochs=opts["epochs"], train_size=opts["n_train"], test_size=opts["n_test"]),
-            name=name))
+            smoke=dict(epochs=1, train_size=300, test_size=200, batch_size=50), name=name))
         settings.update(overrides)
         return cls(**settings)
 

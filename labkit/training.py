@@ -41,7 +41,8 @@ def seed000_options(profile: str | None = None) -> dict:
     opts.update(config.by_profile(
         quick={"lr": 0.02, "epochs": 4, "drop_period": 3, "n_train": 5000, "n_test": 1000},
         workshop={"lr": 0.01, "epochs": 10, "drop_period": 8, "n_train": 10000, "n_test": 2000},
-        full={"n_train": 50000, "n_test": 10000}, name=profile))
+        full={"n_train": 50000, "n_test": 10000},
+        smoke={"lr": 0.02, "epochs": 2, "drop_period": 1, "n_train": 1000, "n_test": 500}, name=profile))
     return opts
 
 
@@ -56,7 +57,8 @@ def seed002_options(profile: str | None = None, num_gpus: int = 1) -> dict:
     opts.update(config.by_profile(
         quick={"epochs": 0, "drop_period": 1, "n_train": 0, "n_test": 0, "batch_size": 100, "lr": 0.05},
         workshop={"epochs": 2, "drop_period": 2, "n_train": 3000, "n_test": 1000, "batch_size": 100, "lr": 0.05},
-        full={"n_train": 50000, "n_test": 10000}, name=profile))
+        full={"n_train": 50000, "n_test": 10000},
+        smoke={"epochs": 1, "drop_period": 1, "n_train": 512, "n_test": 256}, name=profile))
     return opts
 
 
