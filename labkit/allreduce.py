@@ -213,6 +213,12 @@ def predict(gpus=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), *, model="resnet101", 
     import pandas as pd
     if not 0 < utilization <= 1:
         raise ValueError(f"utilization must be in (0, 1]; got {utilization}")
+    checks = [("batch_per_gpu", batch_per_gpu), ("gpus_per_node", gpus_per_node), *(("gpus", g) for g in gpus)]
+    for name, value in checks:
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    if compute_s is not None and not 0 < compute_s < math.inf:
+        raise ValueError(f"compute_s must be a finite number of seconds > 0; got {compute_s!r}")
     inter, intra = _as_network(network), _as_network(intra_node)
     if compute_s is None or grad_bytes is None:
         spec = model_spec(model)

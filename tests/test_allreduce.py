@@ -114,6 +114,9 @@ def test_prediction_compute_term_and_trends():
         allreduce.predict([2], network="carrier pigeon")
     with pytest.raises(ValueError, match="device must be"):
         allreduce.predict([2], gpu="abacus")
+    for bad in (dict(batch_per_gpu=0), dict(gpus=[0, 2]), dict(gpus_per_node=0), dict(compute_s=-1.0)):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be"):
+            allreduce.predict(**{"gpus": [2], **bad})
 
 
 def test_given_compute_and_gradients_need_no_model():
