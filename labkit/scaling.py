@@ -1,4 +1,4 @@
-"""Data-parallel scaling, measured: a Horovod launch per worker count -> images/s, speedup, efficiency (04_horovod_scaling).
+"""Data-parallel scaling, measured: per worker count, images/s, speedup and efficiency (04_horovod_scaling).
 
 `run(np=[1, 2])` launches labkit.hvd_train through labkit.launch once per worker count and returns a
 pandas DataFrame with one row per worker count: total images/s (mean and spread over timed repeats),
