@@ -46,24 +46,30 @@ def parse_args(argv=None):
 
 
 def _calibrate(tf, hvd, sizes, chain, repeats):
-    rows = []
-    for nbytes in sizes:
-        t = tf.ones([max(1, nbytes // 4)], tf.float32)
+    """Seconds per allreduce for each size: all sizes traced and warmed first, then timed round-robin."""
+    def make(n):
+        t = tf.ones([max(1, n // 4)], tf.float32)
 
         @tf.function
-        def run(t):
-            for _ in range(chain):  # each depends on the previous: no fusion, `chain` separate rounds
-                t = hvd.allreduce(t, op=hvd.Average)
-            return t
+        def run(x):
+            for k in range(chain):  # each depends on the previous: no fusion, `chain` separate rounds
+                # a name per size: Horovod caches each name's negotiation, and a name seen with another
+                # shape forces a full renegotiation (~10 ms here), which is not the cost being measured
+                x = hvd.allreduce(x, op=hvd.Average, name=f"calib_{n}_{k}")
+            return x
+        return lambda: run(t)
 
-        run(t).numpy()
-        times = []
-        for _ in range(repeats):
+    runs = {n: make(n) for n in sizes}
+    for _ in range(2):  # trace, then one more: the first allreduces of a process pay set-up costs
+        for run in runs.values():
+            run().numpy()
+    times = {n: [] for n in sizes}
+    for _ in range(repeats):  # round-robin: a burst of machine load does not land on one size only
+        for n, run in runs.items():
             t0 = time.perf_counter()
-            run(t).numpy()
-            times.append((time.perf_counter() - t0) / chain)
-        rows.append({"bytes": 4 * max(1, nbytes // 4), "times_s": times})
-    return rows
+            run().numpy()
+            times[n].append((time.perf_counter() - t0) / chain)
+    return [{"bytes": 4 * max(1, n // 4), "times_s": times[n]} for n in sizes]
 
 
 def main(argv=None) -> int:

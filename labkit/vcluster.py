@@ -121,10 +121,45 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
     finally:
         shutil.rmtree(out, ignore_errors=True)
     if res.returncode != 0 or len(ranks) != np_:
-        tail = "\n".join(res.stdout.splitlines()[-10:] + res.stderr.splitlines()[-20:])
+        errors = [ln for ln in (res.stdout + res.stderr).splitlines() if "Error" in ln or "error:" in ln]
+        tail = "\n".join(errors[-5:] + res.stderr.splitlines()[-10:])
         raise RuntimeError(f"horovodrun on {hosts} -> exit {res.returncode}, {len(ranks)} of {np_} rank files\n{tail}")
     moved = {k: {d: after[k][d] - before.get(k, {}).get(d, 0) for d in ("rx", "tx")} for k in after}
     return {"ranks": sorted(ranks, key=lambda r: r["rank"]), "link_bytes": moved, "wall_s": wall}
+
+
+def tfdist_run(np_: int = 2, model="seed002", batch_size=4, steps=12, port=23456, timeout=300) -> dict:
+    """tf.distribute.MultiWorkerMirroredStrategy across np_ nodes: one labkit.tfdist_train per node."""
+    if nodes_up() < np_:
+        raise RuntimeError(f"need a virtual cluster of {np_} nodes: scripts/vcluster.sh up --nodes {np_}")
+    out = Path(tempfile.mkdtemp(prefix="labkit-tfd-"))
+    workers = ",".join(f"{PREFIX}{i + 1}:{port}" for i in range(np_))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    before, t0, procs = link_bytes(), time.perf_counter(), []
+    try:
+        for i in range(np_):
+            cmd = ["bash", str(SCRIPT), "exec", f"{PREFIX}{i + 1}", sys.executable, "-m", "labkit.tfdist_train",
+                   "--workers", workers, "--index", str(i), "--model", model, "--batch-size", str(batch_size),
+                   "--steps", str(steps), "--out", str(out)]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env=env, cwd=ROOT, start_new_session=True))
+        logs = []
+        for proc in procs:
+            logs.append(proc.communicate(timeout=max(1.0, timeout - (time.perf_counter() - t0)))[0])
+        wall, after = time.perf_counter() - t0, link_bytes()
+        workers_out = [json.loads(p.read_text()) for p in sorted(out.glob("worker*.json"))]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        shutil.rmtree(out, ignore_errors=True)
+    if len(workers_out) != np_:
+        raise RuntimeError(f"{len(workers_out)} of {np_} workers wrote a result\n" + "\n".join(
+            ln for log in logs for ln in log.splitlines()[-8:]))
+    moved = {k: {d: after[k][d] - before.get(k, {}).get(d, 0) for d in ("rx", "tx")} for k in after}
+    return {"workers": workers_out, "link_bytes": moved, "wall_s": wall,
+            "step_s": max(w["median_step_s"] for w in workers_out)}
 
 
 def _median(xs):
@@ -161,12 +196,13 @@ def summarize(ranks, p: int) -> dict:
 
 
 def run_setting(rate: str, model="seed002", batch_size=4, steps=3, repeats=4, np_=2, env_extra=None,
-                sizes=(4096, 65536, 262144, 1 << 20, 4 << 20), variants="compute,sync,sync_fp16") -> dict:
+                sizes=(4096, 65536, 262144, 1 << 20, 4 << 20), variants="compute,sync,sync_fp16", chain=3,
+                calib_repeats=5) -> dict:
     """Shape the links to `rate`, then one launch of labkit.linkbench across np_ nodes, summarised."""
     shape(rate)
     run = hvd_run(np_, ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", repeats,
-                        "--sizes", ",".join(map(str, sizes)), "--variants", variants, "--chain", 3,
-                        "--calib-repeats", 5],
+                        "--sizes", ",".join(map(str, sizes)), "--variants", variants, "--chain", chain,
+                        "--calib-repeats", calib_repeats],
                   module="labkit.linkbench", env_extra=env_extra)
     res = summarize(run["ranks"], np_)
     res.update(rate=rate, rate_bits=rate_bits(rate), link_bytes=run["link_bytes"], wall_s=run["wall_s"],
