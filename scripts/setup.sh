@@ -54,6 +54,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ]; then
   say "environment up to date ($venv)"
   exit 0
 fi
+# LABKIT_SETUP_CHECK=1: only say whether a run would install anything (exit 3 if it would)
+[ "${LABKIT_SETUP_CHECK:-0}" = 1 ] && { say "pins changed since $venv was built: setup would reinstall"; exit 3; }
 
 # pip, minus the warnings some sites' configs produce for index folders that don't exist
 pip_install() { "$py" -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location .* is ignored' || true; }; }
