@@ -1,0 +1,124 @@
+"""The full profile at smoke scale: every notebook, top to bottom, with LABKIT_PROFILE=full LABKIT_SMOKE=1.
+
+Smoke scale (labkit.config.by_profile's smoke= values) shrinks every size to seconds and keeps every code path
+of the full profile: the same models, launch commands and plots, and CIFAR-10 from disk. The CIFAR-10 here is
+a fixture in the official python layout (cifar-10-batches-py/, pickled batches) holding labkit's learnable
+synthetic images, so the full profile's accuracy and loss checks still mean something. labkit trusts a batch
+only by its MD5 in labkit.cifar10.CIFAR10_FILES; the fixture's own table reaches the kernel and the processes
+it starts through a sitecustomize module on PYTHONPATH, in this test only.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+N_TRAIN, N_TEST = 1200, 600  # at least the smoke sizes (labkit.data.default_sizes: 1000 / 500)
+TIMES: dict[str, float] = {}
+
+
+def write_cifar_layout(root: Path, images, labels, test_images, test_labels) -> dict:
+    """cifar-10-batches-py/ under root exactly as the official archive lays it out; returns its MD5 table."""
+    from labkit import cifar10
+
+    folder = root / cifar10.CIFAR10_DIRNAME
+    folder.mkdir(parents=True)
+
+    def write(name, x, y, label):
+        rows = x.transpose(0, 3, 1, 2).reshape(len(x), 3072)  # red plane, green plane, blue plane
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"batch_label": label, b"labels": [int(v) for v in y], b"data": rows,
+                         b"filenames": [b"img_%d.png" % i for i in range(len(x))]}, f, protocol=2)
+
+    per = len(images) // 5
+    for i in range(5):
+        s = slice(i * per, (i + 1) * per)
+        write(f"data_batch_{i + 1}", images[s], labels[s], b"training batch %d of 5" % (i + 1))
+    write("test_batch", test_images, test_labels, b"testing batch 1 of 1")
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [c.encode() for c in cifar10.CIFAR10_CLASSES], b"num_vis": 3072}, f)
+    table = {}
+    for name in cifar10.CIFAR10_FILES:
+        rows = len(test_labels) if name == "test_batch" else per
+        table[name] = (hashlib.md5((folder / name).read_bytes()).hexdigest(), rows)
+    return table
+
+
+@pytest.fixture(scope="module")
+def smoke_env(tmp_path_factory):
+    from labkit import data
+
+    base = tmp_path_factory.mktemp("full-smoke")
+    (x, y), (xt, yt) = data.synthetic(N_TRAIN, N_TEST, seed=0)
+    table = write_cifar_layout(base / "data", x, y, xt, yt)
+    site = base / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "# test only: labkit trusts this run's CIFAR-10-layout fixture by its own MD5 table\n"
+        "import labkit.cifar10\n"
+        f"labkit.cifar10.CIFAR10_FILES = {table!r}\n")
+    home = base / "home"
+    home.mkdir()
+    env = {"LABKIT_PROFILE": "full", "LABKIT_SMOKE": "1", "LABKIT_DATA": str(base / "data"),
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "MPLBACKEND": "Agg",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    yield env, table
+    if TIMES:
+        print("\nfull profile at smoke scale, seconds per notebook (load average "
+              f"{', '.join(f'{v:.1f}' for v in os.getloadavg())}):")
+        for name, s in TIMES.items():
+            print(f"  {name}: {s:.0f} s")
+
+
+def test_fixture_is_read_as_cifar10(smoke_env, monkeypatch):
+    """The fixture is what the full profile loads: CIFAR-10 by name, the smoke sizes, the right labels."""
+    from labkit import cifar10, config, data
+
+    env, table = smoke_env
+    for key, value in env.items():
+        if key != "PYTHONPATH":
+            monkeypatch.setenv(key, value)
+    monkeypatch.setattr(cifar10, "CIFAR10_FILES", table)
+    assert config.smoke_scale() and "SMOKE SCALE" in config.describe()
+    (x, y), (xt, yt), info = data.load_dataset()
+    assert info.name == "cifar10"
+    assert (len(x), len(xt)) == (1000, 500)
+    (sx, sy), _ = data.synthetic(1000, 500, seed=0)
+    np.testing.assert_array_equal(x, sx)
+    np.testing.assert_array_equal(y.ravel(), sy.ravel())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, monkeypatch):
+    import nbclient
+    import nbformat
+
+    for key, value in smoke_env[0].items():
+        monkeypatch.setenv(key, value)
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, kernel_name="labkit", timeout=300, allow_errors=False,
+                                     resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as err:
+        index = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
+            o.get("output_type") == "error" for o in c.get("outputs", []))), "?")
+        first = nb.cells[index].source.splitlines()[0] if index != "?" else ""
+        pytest.fail(f"{path.name} cell {index} ({first!r}) failed in the full profile at smoke scale:\n"
+                    f"{str(err)[-3000:]}", pytrace=False)
+    finally:
+        TIMES[path.stem] = time.perf_counter() - start
+    texts = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    if "config.describe()" in "".join(c.source for c in nb.cells[:3]):
+        assert "SMOKE SCALE" in texts, f"{path.name} does not say it ran at smoke scale"
+    print(f"{path.stem}: {TIMES[path.stem]:.0f} s", file=sys.stderr)
