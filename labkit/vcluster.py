@@ -162,6 +162,35 @@ def tfdist_run(np_: int = 2, model="seed002", batch_size=4, steps=12, port=23456
             "step_s": max(w["median_step_s"] for w in workers_out)}
 
 
+def tfdist_vs_horovod(rates=("1gbit", "50mbit"), model="seed002", batch_size=4, steps=12, repeats=2,
+                      progress=print) -> dict:
+    """Synced step time of the same model and batch with Horovod and with MultiWorkerMirroredStrategy,
+    alternating launches (repeats per rate) so machine-load changes hit both; medians over launches."""
+    rows = []
+    for rate in rates:
+        shape(rate)
+        hv, tfd, sums = [], [], []
+        for _ in range(repeats):
+            run = hvd_run(2, ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", 1,
+                              "--sizes", "4096", "--chain", 1, "--calib-repeats", 1, "--variants", "sync"],
+                          module="labkit.linkbench")
+            hv.append(max(r["median_step_s"]["sync"] for r in run["ranks"]))
+            t = tfdist_run(2, model, batch_size, steps)
+            tfd.append(t["step_s"])
+            sums.append({"horovod": [r["checksum_trainable"] for r in run["ranks"]],
+                         "tf.distribute": [w["checksum_trainable"] for w in t["workers"]]})
+        rows.append({"rate": rate, "rate_bits": rate_bits(rate), "horovod_step_s": _median(hv),
+                     "tfdist_step_s": _median(tfd), "horovod_launches_s": hv, "tfdist_launches_s": tfd,
+                     "checksums": sums})
+        progress(f"{rate}: Horovod {_median(hv) * 1e3:.0f} ms, MultiWorkerMirroredStrategy {_median(tfd) * 1e3:.0f} ms")
+    src = (ROOT / "labkit" / "tfdist_train.py").read_text().splitlines()
+    a = next(i for i, ln in enumerate(src) if "--- the distributed part" in ln)
+    b = next(i for i, ln in enumerate(src) if "--- end of the distributed part" in ln)
+    return {"model": model, "batch_size_per_rank": batch_size, "np": 2, "date": time.strftime("%Y-%m-%d"),
+            "settings": rows, "tfdist_distributed_lines": b - a - 1,
+            "horovod_distributed_lines": 4}  # hvd.init, DistributedGradientTape, 2 x broadcast_variables
+
+
 def _median(xs):
     xs = sorted(xs)
     k = len(xs) // 2
