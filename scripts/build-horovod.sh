@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build Horovod (version from requirements.txt) from source against the TensorFlow installed in the active
-# Python, with Gloo always, MPI when mpicxx is present, NCCL when an NVIDIA GPU is present, and install it.
+# Python, with Gloo always, MPI when mpicxx is present, NCCL when an NVIDIA GPU and nvcc are present, and install it.
 #
 #   PYTHON=.venv/bin/python scripts/build-horovod.sh     (default PYTHON: python on PATH)
+#   scripts/build-horovod.sh --print-flags                 (the HOROVOD_* choices, nothing built)
 #
 # The built wheel is kept in .cache/horovod/<horovod>-tf<tf>-py<py>-<ops>/ so a rebuilt venv reinstalls it in
 # seconds. pip's own cache is bypassed (--no-cache-dir): it does not record which TensorFlow a Horovod wheel
@@ -24,13 +25,20 @@ if command -v mpicxx >/dev/null 2>&1; then
 else
   export HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=gloo
 fi
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+gpu_here=0; command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && gpu_here=1
+if [ "$gpu_here" = 1 ] && ! command -v nvcc >/dev/null 2>&1; then
+  echo "build-horovod: a GPU is present but nvcc is not on PATH: building CPU-only. Fix: module load cuda (HPC) or add the CUDA toolkit's bin/ to PATH" >&2
+fi
+if [ "$gpu_here" = 1 ] && command -v nvcc >/dev/null 2>&1; then
   export HOROVOD_GPU_OPERATIONS=NCCL; ops="$ops-nccl"
   # tensorflow[and-cuda] ships NCCL as a wheel; point the build at it unless the site has its own
   if [ -z "${HOROVOD_NCCL_HOME:-}" ]; then
     nccl="$("$PYTHON" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)"
     [ -n "$nccl" ] && export HOROVOD_NCCL_HOME="$nccl"
   fi
+fi
+if [ "${1:-}" = "--print-flags" ]; then  # the build's choices only, nothing built (tests/test_gpu_path.py)
+  env | grep '^HOROVOD_' | sort; echo "ops=$ops"; exit 0
 fi
 
 cache="$here/.cache/horovod/horovod-$hvd_version-tf$tf_version-py$py_tag-$ops"
