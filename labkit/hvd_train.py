@@ -207,11 +207,10 @@ def _setup(args):
     threads = args.threads or default_threads(local_size=hvd.local_size())
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
+    from labkit import gpu
+
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus:  # one GPU per rank, chosen by local rank (Horovod's recipe)
-        for g in gpus:
-            tf.config.experimental.set_memory_growth(g, True)
-        tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+    gpu.pin_to_local_rank(hvd.local_rank(), gpus)  # one GPU per rank, chosen by local rank (Horovod's recipe)
     return tf, hvd, threads, len(gpus)
 
 
