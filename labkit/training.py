@@ -42,7 +42,7 @@ def seed000_options(profile: str | None = None) -> dict:
         quick={"lr": 0.02, "epochs": 4, "drop_period": 3, "n_train": 5000, "n_test": 1000},
         workshop={"lr": 0.01, "epochs": 10, "drop_period": 8, "n_train": 10000, "n_test": 2000},
         full={"n_train": 50000, "n_test": 10000},
-        smoke={"lr": 0.02, "epochs": 2, "drop_period": 1, "n_train": 1000, "n_test": 500}, name=profile))
+        smoke={"lr": 0.02, "epochs": 10, "drop_period": 8, "n_train": 1000, "n_test": 500}, name=profile))
     return opts
 
 
