@@ -219,3 +219,21 @@ def test_allreduce_model_fitted_at_the_link_rate_predicts_the_training_step(clus
     assert res["ratio"] == pytest.approx(1.0, abs=0.15), detail
     assert res["checksums"][0] == res["checksums"][1], detail
     assert min(b["rx"] for b in res["link_bytes"].values()) > res["grad_bytes"], detail
+
+
+def test_labkit_scale_with_hosts_runs_across_the_nodes(cluster, tmp_path):
+    """`labkit scale --hosts labkit-node1:1,labkit-node2:1`, started on a node as a job would be."""
+    out = tmp_path / "scale.json"
+    venv_bin = Path(sys.executable).parent
+    before = cluster.link_bytes()
+    res = subprocess.run(["bash", str(SCRIPT), "exec", "labkit-node1", str(venv_bin / "labkit"), "scale", "--np", "2",
+                          "--hosts", "labkit-node1:1,labkit-node2:1", "--threads", "1", "--steps", "4",
+                          "--repeats", "1", "--json", str(out)],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT,
+                         env=dict(os.environ, PATH=f"{venv_bin}:{SBIN_PATH}", LABKIT_PROFILE="quick"))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    after = cluster.link_bytes()
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["np"] == 2 and run["checksums"][0] == run["checksums"][1]
+    for link in ("lkv1", "lkv2"):  # both nodes sent gradients over their shaped links
+        assert after[link]["rx"] - before[link]["rx"] > 100_000, (link, before, after)
