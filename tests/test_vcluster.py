@@ -70,6 +70,21 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
     assert res.stdout == ""
 
 
+@pytest.mark.parametrize("args, expected", [
+    (["--rates", "fast"], "vcluster: rate must be a tc rate such as '1gbit' or '100mbit'; got 'fast'"),
+    (["--batch-size", "0"], "vcluster: --batch-size must be >= 1; got 0"),
+])
+def test_measure_cli_bad_input_is_one_line_and_exit_2(args, expected):
+    res = subprocess.run([sys.executable, "-m", "labkit.vcluster", *args], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip() == expected, res
+
+
+def test_modules_import_without_tensorflow():
+    code = "import sys, labkit.vcluster, labkit.timeline; print('tensorflow' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == "False", res
+
+
 def test_rate_bits_follows_tc_units():
     assert vcluster.rate_bits("1gbit") == 1e9
     assert vcluster.rate_bits("100mbit") == 1e8
