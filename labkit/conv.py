@@ -268,8 +268,11 @@ def plan(g: ConvGeometry, chunk_size, threads=None) -> tuple:
     return chunks, min(threads, len(chunks))
 
 
+ENGINES = ("numpy", "tf")
+
+
 def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_size="auto",
-                  threads=None) -> np.ndarray:
+                  threads=None, engine="numpy") -> np.ndarray:
     """tf.nn.conv2d as im2col(x) @ w.reshape(kh*kw*C_in, C_out), plus an optional bias b (02_im2col).
 
     chunk_size bounds the im2col buffer to that many rows (output pixels; at least one output row):
@@ -278,7 +281,20 @@ def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_s
     matrix and runs exactly one GEMM. With chunks, `threads` workers (default: as many as BLAS uses, when the batch is large
     enough) each take the next chunk, build its rows and multiply them with a single-threaded BLAS, so
     the copying runs in parallel too (meanwhile numpy's BLAS is set to one thread, process-wide).
+
+    engine="numpy" (default) is the code above: numpy copies, numpy's BLAS. engine="tf" does the same
+    method inside TensorFlow (labkit.conv_tf: im2col by tf.gather, TensorFlow's matmul, chunks run side
+    by side by TensorFlow's own thread pools, so `threads` must stay None); x and w may then be tensors.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be 'numpy' or 'tf'; got {engine!r}")
+    if engine == "tf":
+        if threads is not None:
+            raise ValueError(f"threads must be None with engine='tf' (TensorFlow's thread pools run it; size them "
+                             f"with labkit.machine.limit_threads); got {threads!r}")
+        from labkit import conv_tf
+
+        return conv_tf.conv2d(x, w, strides, padding, dilations, b=b, chunk_size=chunk_size)
     x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
     chunk_size = _check_chunk_size(chunk_size, g, dtype)
     c_out = w.shape[3]

@@ -88,6 +88,38 @@ def test_im2col_forward_matches_tf(case, chunk_size, threads):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("chunk_size,as_tensors", [(None, False), (1, False), (7, True), ("auto", True)])
+def test_im2col_tf_engine_matches_tf(case, chunk_size, as_tensors):
+    """engine="tf" (tf.gather + TensorFlow's matmul) over the same grid as the numpy engine."""
+    xs, ws, strides, padding, dilations = case
+    x, w = rand(xs, 0), rand(ws, 1)
+    expected = tf_conv(x, w, strides, padding, dilations)
+    args = (tf.constant(x), tf.constant(w)) if as_tensors else (x, w)
+    got = conv.conv2d_im2col(*args, strides, padding, dilations, chunk_size=chunk_size, engine="tf")
+    assert isinstance(got, np.ndarray) and got.shape == expected.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, **TOL32)
+
+
+def test_tf_engine_bias_dtypes_and_patch_index():
+    from labkit import conv_tf
+
+    x, w, b = rand((2, 7, 6, 3), 13), rand((3, 2, 3, 4), 14), rand((4,), 15)
+    expected = tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME"), b).numpy()
+    np.testing.assert_allclose(conv.conv2d_im2col(x, w, 1, "SAME", b=b, chunk_size=4, engine="tf"), expected, **TOL32)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    got = conv.conv2d_im2col(x64, w64, 2, "VALID", engine="tf")
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, tf.nn.conv2d(x64, w64, 2, "VALID").numpy(), **TOL64)
+    # the gather index reproduces the strided-view im2col, padding and dilation included
+    g = conv.geometry(x.shape, (3, 2), (2, 1), [(1, 2), (0, 1)], (1, 2))
+    padded = np.pad(x, ((0, 0), (1, 2), (0, 1), (0, 0))).reshape(-1, 3)
+    np.testing.assert_array_equal(padded[conv_tf.patch_index(g)].reshape(g.cols_shape),
+                                  conv.im2col(x, (3, 2), (2, 1), [(1, 2), (0, 1)], (1, 2)))
+    # large inputs get larger chunks: the unrolled graph never has more than MAX_CHUNKS GEMMs
+    assert len(conv_tf._bounds(10**6, 1)) - 1 <= conv_tf.MAX_CHUNKS
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 @pytest.mark.parametrize("chunk_size", [None, 3])
 def test_im2col_backward_matches_gradient_tape(case, chunk_size):
     xs, ws, strides, padding, dilations = case
@@ -275,6 +307,8 @@ X, W = rand((1, 5, 5, 2), 0), rand((3, 3, 2, 4), 1)
 FORWARD = {
     "naive": conv.conv2d_naive,
     "im2col": conv.conv2d_im2col,
+    "im2col_tf": lambda x, w, *a, **k: conv.conv2d_im2col(x, w, *a, engine="tf", **k),
+    "im2col_tf_tensors": lambda x, w, *a, **k: conv.conv2d_im2col(tf.constant(x), tf.constant(w), *a, engine="tf", **k),
     "backward": lambda x, w, *a, **k: conv.conv2d_im2col_backward(np.zeros((1, 3, 3, 4), np.float32), x, w, *a, **k),
 }
 BAD = [
@@ -351,6 +385,14 @@ def test_other_bad_arguments_name_the_parameter():
         conv.conv2d_im2col(X, W, chunk_size="big")
     with pytest.raises(ValueError, match="threads"):
         conv.conv2d_im2col(X, W, threads=0)
+    with pytest.raises(ValueError, match="engine"):
+        conv.conv2d_im2col(X, W, engine="torch")
+    with pytest.raises(ValueError, match="threads must be None with engine='tf'"):
+        conv.conv2d_im2col(X, W, threads=2, engine="tf")
+    with pytest.raises(ValueError, match="b must have shape"):
+        conv.conv2d_im2col(X, W, b=np.zeros(3, np.float32), engine="tf")
+    with pytest.raises(ValueError, match="chunk_size"):
+        conv.conv2d_im2col(X, W, chunk_size=0, engine="tf")
     with pytest.raises(ValueError, match="dy must have the output's shape"):
         conv.conv2d_im2col_backward(np.zeros((1, 3, 3, 3), np.float32), X, W)
     with pytest.raises(TypeError, match="dy must be a float"):
@@ -362,7 +404,7 @@ def test_other_bad_arguments_name_the_parameter():
                                                     ((1, 8, 8, 3), (3, 3, 3, 0), "C_out = w.shape[3]")])
 def test_empty_batch_or_channels_are_refused_like_tensorflow(x_shape, w_shape, word):
     x, w = np.zeros(x_shape, np.float32), np.zeros(w_shape, np.float32)
-    for fn in (conv.conv2d_im2col, conv.conv2d_naive):
+    for fn in (conv.conv2d_im2col, conv.conv2d_naive, FORWARD["im2col_tf"]):
         with pytest.raises(ValueError, match=re.escape(word)):
             fn(x, w, 1, "SAME")
     if 0 in w_shape:  # the oracle: TensorFlow refuses a filter with a zero dimension too
