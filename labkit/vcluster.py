@@ -95,6 +95,29 @@ def link_bytes() -> dict:
     return out
 
 
+def _run_group(cmd, timeout, env) -> subprocess.CompletedProcess:
+    """Run cmd in its own process group; past the timeout, SIGTERM the group (horovodrun then stops its
+    remote ranks), SIGKILL what is left, and raise TimeoutError."""
+    import signal
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise TimeoutError(f"{' '.join(map(str, cmd[3:6]))} ... still running after {timeout:.0f} s: stopped") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=None,
             module: str = "labkit.hvd_train") -> dict:
     """horovodrun -np np_ across the nodes (one rank per node unless hosts says otherwise).
@@ -115,7 +138,7 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
                PATH=f"{venv_bin}:{os.environ.get('PATH', '')}:/usr/sbin:/sbin", **(env_extra or {}))
     before, t0 = link_bytes(), time.perf_counter()
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+        res = _run_group(cmd, timeout, env)
         wall, after = time.perf_counter() - t0, link_bytes()
         ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     finally:
