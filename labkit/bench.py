@@ -1,9 +1,10 @@
 """The convolution benchmark behind `labkit conv-bench` (02_im2col).
 
 On each of ResNet-50's 3x3 and 1x1 layers it times, side by side in one process (labkit.timing's rules:
-warm-up excluded, round-robin repeats), conv2d_im2col (numpy's im2col + numpy's BLAS), tf.nn.conv2d
-(TensorFlow's own kernels: oneDNN's direct convolution where oneDNN is on), a bare GEMM of the same
-M x K x N with numpy's BLAS and with TensorFlow's matmul, and the naive loops on a small image. It prints
+warm-up excluded, round-robin repeats), conv2d_im2col with both engines (numpy's im2col + numpy's BLAS;
+tf.gather + TensorFlow's matmul), tf.nn.conv2d (TensorFlow's own kernels: oneDNN's direct convolution
+where oneDNN is on), a bare GEMM of the same M x K x N with numpy's BLAS and with TensorFlow's matmul
+(each engine's own GEMM), and the naive loops on a small image. It prints
 GFLOP/s and ratios beside the machine (labkit.machine.describe) and the load average; judging them is
 the reader's business.
 """
@@ -49,13 +50,14 @@ RESNET50_LAYERS = tuple(
                   ConvLayer(f"{stage} 1x1 expand", size, width, 4 * width, 1))
 )
 
-METHODS = ("im2col", "tf", "gemm", "tf_gemm", "naive")
-LABELS = {"im2col": "im2col + numpy GEMM", "tf": "tf.nn.conv2d", "gemm": "bare GEMM (numpy)",
-          "tf_gemm": "bare GEMM (tf.linalg.matmul)", "naive": "naive (loops)"}
-# ratio name -> (numerator, denominator): im2col's cost over TF's conv and over its own GEMM, and how far
-# a bare GEMM (numpy's or TensorFlow's) is from TensorFlow's convolution kernel
-RATIOS = {"im2col_vs_tf": ("im2col", "tf"), "im2col_vs_gemm": ("im2col", "gemm"), "gemm_vs_tf": ("gemm", "tf"),
-          "tf_gemm_vs_tf": ("tf_gemm", "tf"), "im2col_vs_naive": ("im2col", "naive")}
+METHODS = ("im2col", "im2col_tf", "tf", "gemm", "tf_gemm", "naive")
+LABELS = {"im2col": "im2col + numpy GEMM", "im2col_tf": "im2col + TensorFlow GEMM", "tf": "tf.nn.conv2d",
+          "gemm": "bare GEMM (numpy)", "tf_gemm": "bare GEMM (tf.linalg.matmul)", "naive": "naive (loops)"}
+# ratio name -> (numerator, denominator): each im2col engine against TF's conv and against its own bare GEMM,
+# and how far a bare GEMM (numpy's or TensorFlow's) is from TensorFlow's convolution kernel
+RATIOS = {"im2col_vs_tf": ("im2col", "tf"), "im2col_vs_gemm": ("im2col", "gemm"),
+          "im2col_tf_vs_tf": ("im2col_tf", "tf"), "im2col_tf_vs_tf_gemm": ("im2col_tf", "tf_gemm"),
+          "gemm_vs_tf": ("gemm", "tf"), "tf_gemm_vs_tf": ("tf_gemm", "tf"), "im2col_vs_naive": ("im2col", "naive")}
 
 
 @dataclass
@@ -90,7 +92,7 @@ class BenchResult:
     layers: list = field(default_factory=list)
     load_average: list = field(default_factory=list)  # 1-minute load average before and after the run
     machine_gemm_size: int = 2048
-    threads: dict = field(default_factory=dict)  # {"blas": N, "tf_intra_op": M (0: one per core)}
+    threads: dict = field(default_factory=dict)  # {"blas": N, "tf_intra_op": M, "tf_inter_op": L (0: one per core)}
     clock: str = "wall"  # "wall": elapsed time; "cpu": CPU time of all threads (GFLOP/s per busy core)
     stat: str = "best"  # GFLOP/s and ratios at the fastest repeat ("best") or at the median
     onednn: object = None  # whether TensorFlow ran its oneDNN kernels (None: not known)
@@ -139,25 +141,31 @@ class BenchResult:
                  self.machine,
                  f"this machine's float32 GEMM (numpy, {self.machine_gemm_size}^3): {self.machine_gemm_gflops:.1f} GFLOP/s"]
         if self.threads:
-            tf_threads = self.threads.get("tf_intra_op")
+            per_core = f"{os.cpu_count()} (one per core)"
             lines.append(f"threads: numpy BLAS and im2col workers {self.threads.get('blas')}, TensorFlow intra-op "
-                         f"{tf_threads or f'{os.cpu_count()} (one per core)'}")
+                         f"{self.threads.get('tf_intra_op') or per_core}, inter-op "
+                         f"{self.threads.get('tf_inter_op') or per_core}")
         if self.load_average:
             busy = max(self.load_average) > 0.5 * (os.cpu_count() or 1)
             lines.append(f"load average (1 min) {' -> '.join(f'{v:.1f}' for v in self.load_average)} on "
                          f"{os.cpu_count()} cores" + (": other programs competed for the CPU; trust the "
                                                       "ratios more than the GFLOP/s" if busy else ""))
         lines.append("")
-        head = (f"{'layer':<20} {'M x K x N':>18} {'im2col':>7} {'tf':>6} {'gemm':>6} {'tfgemm':>6} {'naive':>7}  "
-                f"{'im2col/tf':>9} {'im2col/gemm':>11} {'gemm/tf':>7} {'tfgemm/tf':>9} {'im2col/naive':>12}")
-        lines += [head, f"{'':<20} {'':>18} {'----------- GFLOP/s -----------':>38}", "-" * len(head)]
+        lines.append("engines: im2col = numpy's im2col + numpy GEMM; im2tf = conv2d_im2col(engine='tf'), tf.gather + "
+                     "TensorFlow GEMM; gemm, tfgemm = a bare GEMM of the same M x K x N with numpy, with TensorFlow")
+        head = (f"{'layer':<20} {'M x K x N':>18} {'im2col':>7} {'im2tf':>6} {'tf':>6} {'gemm':>6} {'tfgemm':>6} "
+                f"{'naive':>7}  {'im2col/tf':>9} {'im2col/gemm':>11} {'im2tf/tf':>8} {'im2tf/tfgemm':>12} "
+                f"{'gemm/tf':>7} {'tfgemm/tf':>9} {'im2col/naive':>12}")
+        lines += [head, f"{'':<20} {'':>18} {'--------------- GFLOP/s ---------------':>45}", "-" * len(head)]
+        nan = float("nan")
         for r in self.layers:
             g, q = r.gflops, r.ratios
             cell = (lambda key, width, fmt: format(q[key], fmt) + "x" if key in q else f"{'-':>{width}}")
             naive = f"{g['naive']:7.4f}" if g.get("naive") else f"{'-':>7}"
-            lines.append(f"{r.layer:<20} {' x '.join(map(str, r.gemm_mkn)):>18} {g['im2col']:7.1f} {g['tf']:6.1f} "
-                         f"{g['gemm']:6.1f} {g.get('tf_gemm', float('nan')):6.1f} {naive}  "
-                         f"{cell('im2col_vs_tf', 9, '8.2f')} {cell('im2col_vs_gemm', 11, '10.2f')} "
+            lines.append(f"{r.layer:<20} {' x '.join(map(str, r.gemm_mkn)):>18} {g['im2col']:7.1f} "
+                         f"{g.get('im2col_tf', nan):6.1f} {g['tf']:6.1f} {g['gemm']:6.1f} {g.get('tf_gemm', nan):6.1f} "
+                         f"{naive}  {cell('im2col_vs_tf', 9, '8.2f')} {cell('im2col_vs_gemm', 11, '10.2f')} "
+                         f"{cell('im2col_tf_vs_tf', 8, '7.2f')} {cell('im2col_tf_vs_tf_gemm', 12, '11.2f')} "
                          f"{cell('gemm_vs_tf', 7, '6.2f')} {cell('tf_gemm_vs_tf', 9, '8.2f')} "
                          f"{cell('im2col_vs_naive', 12, '11.0f')}")
         if any(r.naive_shape for r in self.layers):
@@ -177,7 +185,8 @@ class BenchResult:
 
         if ax is None:
             _, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
-        methods = [m for m in ("naive", "im2col", "tf", "gemm", "tf_gemm") if any(r.gflops.get(m) for r in self.layers)]
+        methods = [m for m in ("naive", "im2col", "im2col_tf", "tf", "gemm", "tf_gemm")
+                   if any(r.gflops.get(m) for r in self.layers)]
         width = 0.8 / len(methods)
         xs = np.arange(len(self.layers))
         for i, m in enumerate(methods):
@@ -206,11 +215,11 @@ def default_settings(profile: str | None = None) -> dict:
 def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size=None,
                chunk_size="auto", naive=True, seed=0, progress=None, threads=None, cpu_time=False,
                stat="best") -> BenchResult:
-    """Time conv2d_im2col, tf.nn.conv2d and bare GEMMs of the same M x K x N (numpy's and TensorFlow's)
+    """Time conv2d_im2col (both engines), tf.nn.conv2d and bare GEMMs of the same M x K x N (numpy's and TensorFlow's)
     side by side on each layer, and conv2d_naive on one naive_size x naive_size image with a few filters
     (its speed per FLOP does not depend on the size); defaults come from the profile (02_im2col).
 
-    threads=N runs every method on N threads (BLAS, TensorFlow's intra-op pool, conv2d_im2col's workers);
+    threads=N runs every method on N threads (BLAS, TensorFlow's intra-op and inter-op pools, conv2d_im2col's workers);
     threads=1 compares single cores, which stays meaningful on a machine other programs keep busy.
     TensorFlow's pool can only be sized before its first operation in the process. cpu_time=True times
     by the process's CPU time (all threads) instead of wall-clock: GFLOP/s per busy core. stat="best"
@@ -231,9 +240,11 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
 
     args = (layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time, stat)
     if threads is not None:
-        if tf.config.threading.get_intra_op_parallelism_threads() != threads:
-            try:
+        if (tf.config.threading.get_intra_op_parallelism_threads() != threads
+                or tf.config.threading.get_inter_op_parallelism_threads() != threads):
+            try:  # inter-op too: the tf engine's chunks run side by side on it
                 tf.config.threading.set_intra_op_parallelism_threads(threads)
+                tf.config.threading.set_inter_op_parallelism_threads(threads)
             except RuntimeError as err:
                 raise ValueError(f"threads={threads}: TensorFlow's thread pool is already running in this "
                                  f"process; run `labkit conv-bench --threads {threads}` instead") from err
@@ -255,7 +266,8 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
                          machine=machine.describe(), openblas_env=machine.openblas_env(), blas=machine.blas_info(),
                          load_average=[load_average()], machine_gemm_size=settings["gemm_size"],
                          threads={"blas": conv.blas_threads(),
-                                  "tf_intra_op": tf.config.threading.get_intra_op_parallelism_threads()},
+                                  "tf_intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                                  "tf_inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
                          clock="cpu" if cpu_time else "wall", stat=stat, onednn=machine.tf_onednn_enabled())
     for layer in layers:
         g = layer.geometry(batch_size)
@@ -270,12 +282,15 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
         out = np.empty((m, n), np.float32)
         fns = {  # every method hands back a numpy array, as conv2d_im2col's contract says
             "im2col": lambda: conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=chunk_size),
+            "im2col_tf": lambda: conv.conv2d_im2col(xt, wt, 1, "SAME", chunk_size=chunk_size, engine="tf"),
             "tf": lambda: tf.nn.conv2d(xt, wt, 1, "SAME").numpy(),
             "gemm": lambda: np.matmul(a, b, out=out),
             "tf_gemm": lambda: tf.linalg.matmul(at, bt).numpy(),
         }
         # the implementations agree before any of them is timed
-        np.testing.assert_allclose(fns["im2col"](), fns["tf"](), rtol=1e-3, atol=1e-3)
+        expected = fns["tf"]()
+        for name in ("im2col", "im2col_tf"):
+            np.testing.assert_allclose(fns[name](), expected, rtol=1e-3, atol=1e-3)
         timings = compare(fns, repeats=repeats, clock=clock)
         flops = g.flops(n)
         row = LayerResult(layer.name, layer.kernel, (batch_size, layer.size, layer.size, layer.c_in), (m, k, n),
@@ -348,7 +363,8 @@ def _unwritable(path: str) -> str:
 def cli_main(argv: list) -> int:
     parser = argparse.ArgumentParser(
         prog="labkit conv-bench",
-        description="Time naive loops, im2col + GEMM, tf.nn.conv2d and bare GEMMs (numpy's, TensorFlow's) on "
+        description="Time naive loops, im2col + GEMM (numpy and TensorFlow engines), tf.nn.conv2d and bare GEMMs "
+                    "(numpy's, TensorFlow's) on "
                     "ResNet-50's 3x3 and 1x1 conv layers (float32, one process, warm-up excluded, round-robin "
                     "repeats). Batch size and repeats follow LABKIT_PROFILE.",
         epilog="For a fair BLAS: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE labkit conv-bench",

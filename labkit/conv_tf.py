@@ -49,7 +49,7 @@ def _bounds(rows_total: int, rows) -> list:
 
 @functools.lru_cache(maxsize=32)
 def _graph(g: ConvGeometry, c_out: int, rows, dtype: str, with_bias: bool):
-    """The traced tf.function (x, w_mat, b) -> conv output for this geometry."""
+    """The traced tf.function (x, w[, b]) -> conv output for this geometry."""
     import tensorflow as tf
 
     bounds = _bounds(g.n * g.h_out * g.w_out, rows)
@@ -57,11 +57,10 @@ def _graph(g: ConvGeometry, c_out: int, rows, dtype: str, with_bias: bool):
     copy_free = g.kh == g.kw == g.sh == g.sw == 1 and not g.has_padding  # 1x1: the pixels ARE the matrix
     index = None if copy_free else patch_index(g)
     pads = [[0, 0], [g.pad_top, g.pad_bottom], [g.pad_left, g.pad_right], [0, 0]]
-    spec = [tf.TensorSpec((g.n, g.h, g.w, g.c), dtype), tf.TensorSpec((k, c_out), dtype),
-            tf.TensorSpec((c_out,) if with_bias else (0,), dtype)]
+    spec = [tf.TensorSpec((g.n, g.h, g.w, g.c), dtype), tf.TensorSpec((g.kh, g.kw, g.c, c_out), dtype)]
 
-    @tf.function(input_signature=spec, autograph=False)
-    def run(x, w_mat, b):
+    def run(x, w, b=None):
+        w_mat = tf.reshape(w, [k, c_out])  # HWIO -> (kh*kw*C_in, C_out)
         pixels = tf.reshape(tf.pad(x, pads) if g.has_padding else x, [-1, g.c])
         outs = []
         for r0, r1 in zip(bounds[:-1], bounds[1:]):
@@ -71,7 +70,9 @@ def _graph(g: ConvGeometry, c_out: int, rows, dtype: str, with_bias: bool):
         y = outs[0] if len(outs) == 1 else tf.concat(outs, 0)
         return tf.reshape(y, [g.n, g.h_out, g.w_out, c_out])
 
-    return run
+    if with_bias:
+        return tf.function(run, input_signature=spec + [tf.TensorSpec((c_out,), dtype)], autograph=False)
+    return tf.function(lambda x, w: run(x, w), input_signature=spec, autograph=False)
 
 
 def _shape_of(a):
@@ -103,8 +104,6 @@ def conv2d(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_size="au
         if bs.shape != (c_out,):
             raise ValueError(f"b must have shape ({c_out},) (one bias per output channel); got {bs.shape}")
     name = np.dtype(dtype).name
-    xt = tf.cast(x, name)
-    wt = tf.reshape(tf.cast(w, name), [-1, c_out])  # HWIO -> (kh*kw*C_in, C_out)
-    bt = tf.zeros([0], name) if b is None else tf.cast(b, name)
-    y = _graph(g, int(c_out), rows, name, b is not None)(xt, wt, bt).numpy()
+    args = [a if tf.is_tensor(a) and a.dtype == name else tf.cast(a, name) for a in (x, w, b) if a is not None]
+    y = _graph(g, int(c_out), rows, name, b is not None)(*args).numpy()
     return y.astype(out_dtype, copy=False)

@@ -88,8 +88,11 @@ def test_conv_bench_on_small_layers():
     assert [r.layer for r in result.layers] == ["small 3x3", "small 1x1"]
     row = result.layers[0]
     assert row.gemm_mkn == (2 * 8 * 8, 9 * 4, 6) and row.gflop == pytest.approx(2 * 128 * 36 * 6 / 1e9)
-    assert set(row.gflops) == {"im2col", "tf", "gemm", "tf_gemm", "naive"}
+    assert set(row.gflops) == {"im2col", "im2col_tf", "tf", "gemm", "tf_gemm", "naive"}
     assert row.ratios["im2col_vs_tf"] == pytest.approx(row.gflops["im2col"] / row.gflops["tf"])
+    # the tf engine against tf.nn.conv2d and against its own GEMM (TensorFlow's matmul of the same shape)
+    assert row.ratios["im2col_tf_vs_tf"] == pytest.approx(row.gflops["im2col_tf"] / row.gflops["tf"])
+    assert row.ratios["im2col_tf_vs_tf_gemm"] == pytest.approx(row.gflops["im2col_tf"] / row.gflops["tf_gemm"])
     assert row.ratios["tf_gemm_vs_tf"] == pytest.approx(row.gflops["tf_gemm"] / row.gflops["tf"])
     # stat="best": GFLOP/s at the fastest repeat
     assert row.gflops["im2col"] == pytest.approx(row.gflop / (row.best_ms["im2col"] / 1e3))
@@ -98,7 +101,7 @@ def test_conv_bench_on_small_layers():
     assert set(d["summary"]) == {"3x3", "1x1"} and "targets" not in d
     assert d["onednn"] in (True, False) and d["stat"] == "best"
     text = str(result)
-    assert "im2col/tf" in text and "small 3x3" in text and "oneDNN kernels" in text
+    assert "im2col/tf" in text and "im2tf/tfgemm" in text and "small 3x3" in text and "oneDNN kernels" in text
     assert not any(word in text for word in ("target", "-> met", "MISSED"))
     assert list(result.to_dataframe().index) == ["small 3x3", "small 1x1"]
 
@@ -176,7 +179,8 @@ def test_conv_bench_command_quick_profile(tmp_path):
     assert time.perf_counter() - start < 180  # the target is < 60 s; slack for a shared CI machine
     d = json.loads(out.read_text())
     assert d["profile"] == "quick" and d["batch_size"] == 2 and len(d["layers"]) == 12
-    assert all({"im2col_vs_tf", "im2col_vs_gemm", "im2col_vs_naive"} <= set(r["ratios"]) for r in d["layers"])
+    assert all({"im2col_vs_tf", "im2col_vs_gemm", "im2col_tf_vs_tf", "im2col_tf_vs_tf_gemm", "im2col_vs_naive"}
+               <= set(r["ratios"]) for r in d["layers"])
     assert "OPENBLAS_CORETYPE" in d["openblas_env"] and d["blas"] and "oneDNN kernels" in d["machine"]
     assert "im2col/gemm" in proc.stdout and "GFLOP/s" in proc.stdout
 
@@ -211,5 +215,5 @@ def test_conv_bench_command_single_core_cpu_time():
                            "3", "--no-naive", "--batch-size", "1", "--repeats", "2"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "BLAS and im2col workers 1, TensorFlow intra-op 1" in proc.stdout and "CPU time" in proc.stdout
+    assert "BLAS and im2col workers 1, TensorFlow intra-op 1, inter-op 1" in proc.stdout and "CPU time" in proc.stdout
     assert proc.stdout.count(" 3x3 ") >= 4
