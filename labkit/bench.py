@@ -72,11 +72,15 @@ class LayerResult:
     spread_ms: dict
     naive_shape: tuple = ()  # (1, H, W, C_in, C_out) the naive loops ran on
     best_ms: dict = field(default_factory=dict)
+    times_ms: dict = field(default_factory=dict)  # method -> ms per call in each round-robin round
+    paired: dict = field(default_factory=dict)  # stat="paired": ratio name -> median over rounds of that round's ratio
 
     @property
     def ratios(self) -> dict:
         g = self.gflops
-        return {name: g[top] / g[bottom] for name, (top, bottom) in RATIOS.items() if g.get(top) and g.get(bottom)}
+        out = {name: g[top] / g[bottom] for name, (top, bottom) in RATIOS.items() if g.get(top) and g.get(bottom)}
+        out.update(self.paired)
+        return out
 
 
 @dataclass
@@ -94,7 +98,7 @@ class BenchResult:
     machine_gemm_size: int = 2048
     threads: dict = field(default_factory=dict)  # {"blas": N, "tf_intra_op": M, "tf_inter_op": L (0: one per core)}
     clock: str = "wall"  # "wall": elapsed time; "cpu": CPU time of all threads (GFLOP/s per busy core)
-    stat: str = "best"  # GFLOP/s and ratios at the fastest repeat ("best") or at the median
+    stat: str = "best"  # GFLOP/s and ratios at the fastest repeat ("best"), at the median, or "paired" (see conv_bench)
     onednn: object = None  # whether TensorFlow ran its oneDNN kernels (None: not known)
 
     def summary(self) -> dict:
@@ -132,7 +136,8 @@ class BenchResult:
         return pd.DataFrame(rows).set_index("layer")
 
     def __str__(self) -> str:
-        stat = "fastest" if self.stat == "best" else "median"
+        stat = {"best": "fastest", "paired": "ratios: median over rounds of each round's ratio, GFLOP/s: median"}.get(
+            self.stat, "median")
         onednn = {True: "on", False: "off"}.get(self.onednn, "unknown")
         lines = [f"conv-bench: profile={self.profile}, batch_size={self.batch_size}, {stat} of {self.repeats} "
                  f"repeats (warm-up excluded), float32, stride 1, SAME; im2col chunk_size={self.chunk_size}; "
@@ -223,10 +228,12 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
     threads=1 compares single cores, which stays meaningful on a machine other programs keep busy.
     TensorFlow's pool can only be sized before its first operation in the process. cpu_time=True times
     by the process's CPU time (all threads) instead of wall-clock: GFLOP/s per busy core. stat="best"
-    (default) reports GFLOP/s and ratios at each method's fastest repeat, "median" at the median.
+    (default) reports GFLOP/s and ratios at each method's fastest repeat, "median" at the median; "paired"
+    takes each ratio within every round-robin round (the two methods ran back to back, under the same load)
+    and reports the median of those, with GFLOP/s at the median.
     """
-    if stat not in ("best", "median"):
-        raise ValueError(f"stat must be 'best' or 'median'; got {stat!r}")
+    if stat not in ("best", "median", "paired"):
+        raise ValueError(f"stat must be 'best', 'median' or 'paired'; got {stat!r}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive int or None; got {threads!r}")
     for name, value in (("batch_size", batch_size), ("repeats", repeats), ("naive_size", naive_size)):
@@ -294,15 +301,21 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
         timings = compare(fns, repeats=repeats, clock=clock)
         flops = g.flops(n)
         row = LayerResult(layer.name, layer.kernel, (batch_size, layer.size, layer.size, layer.c_in), (m, k, n),
-                          flops / 1e9, {name: t.gflops(flops, stat) for name, t in timings.items()},
+                          flops / 1e9, {name: t.gflops(flops, "best" if stat == "best" else "median")
+                                        for name, t in timings.items()},
                           {name: t.median * 1e3 for name, t in timings.items()},
                           {name: t.spread * 1e3 for name, t in timings.items()},
-                          best_ms={name: t.best * 1e3 for name, t in timings.items()})
+                          best_ms={name: t.best * 1e3 for name, t in timings.items()},
+                          times_ms={name: [v * 1e3 for v in t.times] for name, t in timings.items()})
+        if stat == "paired":  # speed ratio top/bottom in round r = time of bottom / time of top in that round
+            row.paired = {name: float(np.median(np.divide(timings[bottom].times, timings[top].times)))
+                          for name, (top, bottom) in RATIOS.items() if top in timings and bottom in timings}
         if naive:  # the loops run ~1e4 times slower: time them on one small image and a few filters
             small = min(naive_size, layer.size)
             xs, ws = x[:1, :small, :small], w[..., : settings["naive_c_out"]]
             t = timeit(lambda: conv.conv2d_naive(xs, ws, 1, "SAME"), repeats=3, min_time=0.0, clock=clock)
-            row.gflops["naive"] = t.gflops(conv.geometry(xs.shape, layer.kernel, 1, "SAME").flops(ws.shape[3]), stat)
+            row.gflops["naive"] = t.gflops(conv.geometry(xs.shape, layer.kernel, 1, "SAME").flops(ws.shape[3]),
+                                           "best" if stat == "best" else "median")
             row.median_ms["naive"], row.spread_ms["naive"] = t.median * 1e3, t.spread * 1e3
             row.best_ms["naive"] = t.best * 1e3
             row.naive_shape = xs.shape + (ws.shape[3],)
@@ -379,9 +392,10 @@ def cli_main(argv: list) -> int:
     parser.add_argument("--threads", type=int,
                         help="threads for every method (default: BLAS's and TensorFlow's own); 1 compares single "
                              "cores")
-    parser.add_argument("--stat", choices=("best", "median"), default="best",
+    parser.add_argument("--stat", choices=("best", "median", "paired"), default="best",
                         help="GFLOP/s and ratios at each method's fastest repeat (default: other programs only "
-                             "ever slow a repeat down) or at the median")
+                             "ever slow a repeat down), at the median, or 'paired': each ratio taken within every "
+                             "round-robin round, median over the rounds")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time by CPU time (all threads) instead of wall-clock: GFLOP/s per busy core, "
                              "hardly moved by other programs; best with --threads 1")

@@ -106,6 +106,21 @@ def test_conv_bench_on_small_layers():
     assert list(result.to_dataframe().index) == ["small 3x3", "small 1x1"]
 
 
+def test_conv_bench_paired_ratios_are_medians_of_per_round_ratios():
+    layers = [bench.ConvLayer("small 3x3", 8, 4, 6, 3)]
+    result = bench.conv_bench(layers, batch_size=2, repeats=5, naive=False, stat="paired")
+    row = result.layers[0]
+    t = {name: np.array(v) for name, v in row.times_ms.items()}
+    assert all(len(v) == 5 for v in t.values())
+    # speed ratio im2col_tf/tf in one round = tf's time / im2col_tf's time in that round
+    assert row.ratios["im2col_tf_vs_tf"] == pytest.approx(np.median(t["tf"] / t["im2col_tf"]))
+    assert row.ratios["im2col_vs_gemm"] == pytest.approx(np.median(t["gemm"] / t["im2col"]))
+    assert row.gflops["tf"] == pytest.approx(row.gflop / (np.median(t["tf"]) / 1e3))
+    assert "median over rounds" in str(result)
+    with pytest.raises(ValueError, match="stat must be"):
+        bench.conv_bench(layers, stat="mean")
+
+
 def test_conv_bench_cpu_time_and_bad_threads():
     layers = [bench.ConvLayer("small 3x3", 8, 4, 6, 3)]
     result = bench.conv_bench(layers, batch_size=2, repeats=2, naive=False, cpu_time=True)
