@@ -136,3 +136,28 @@ def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, monkeypat
     if "config.describe()" in "".join(c.source for c in nb.cells[:3]):
         assert "SMOKE SCALE" in texts, f"{path.name} does not say it ran at smoke scale"
     print(f"{path.stem}: {TIMES[path.stem]:.0f} s", file=sys.stderr)
+
+
+# ------------------------------------------------------------------ the hpc/ template in the full profile
+from test_slurm import VENV, slurm  # noqa: E402,F401  (the loopback Slurm of tests/test_slurm.py, reused)
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_single_node_template_in_full_profile_at_smoke_scale(slurm, smoke_env, tmp_path):  # noqa: F811
+    """hpc/single_node.sbatch with LABKIT_PROFILE=full LABKIT_SMOKE=1 on the test Slurm: 2 tasks, ranks in sync."""
+    import json
+
+    env, _ = smoke_env
+    results = tmp_path / "scale.json"
+    job_id, log = slurm.submit("hpc/single_node.sbatch", "--ntasks=2", "--gres=none", log=tmp_path / "job-%j.out",
+                               LABKIT_VENV=VENV, LABKIT_RESULTS=str(results), LABKIT_PROFILE="full", LABKIT_SMOKE="1",
+                               LABKIT_DATA=env["LABKIT_DATA"], LABKIT_STEPS="3",
+                               LABKIT_SCALE_ARGS="--repeats 1 --warmup-steps 1")
+    fields = slurm.wait_job(job_id, timeout=300)
+    text = log.read_text(errors="replace") if log.exists() else "(no job output)"
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", \
+        f"job {job_id}: {fields.get('JobState')} exit {fields.get('ExitCode')}\n{text}\n{slurm.log_tail()}"
+    runs = {run["np"]: run for run in json.loads(results.read_text())["runs"]}
+    assert sorted(runs) == [1, 2]
+    assert runs[2]["checksums"][0] == runs[2]["checksums"][1]
