@@ -116,6 +116,22 @@ def synthetic(n_train=50000, n_test=10000, seed=0):
     return split(n_train, 0), split(n_test, 1)
 
 
+def random_batch(batch_size, image_size=224, classes=1000, seed=0):
+    """One batch of random float32 images (N, S, S, 3) and int32 labels: throughput benchmarks only.
+
+    Nothing to learn here (use synthetic() for that): this is the fixed batch Horovod's synthetic benchmark
+    feeds ResNet-50 at 224 px every step, so the timing is the network's, not the input pipeline's.
+    (04_horovod_scaling)
+    """
+    for name, value in (("batch_size", batch_size), ("image_size", image_size), ("classes", classes)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    rng = np.random.default_rng(seed)
+    x = rng.random((batch_size, image_size, image_size, 3), dtype=np.float32)
+    y = rng.integers(0, classes, batch_size).astype(np.int32)
+    return x, y
+
+
 def default_sizes(name: str) -> tuple[int, int]:
     """(n_train, n_test) the active profile uses: small in quick, all of CIFAR-10 in full."""
     full = (50000, 10000)

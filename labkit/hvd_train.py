@@ -17,7 +17,6 @@ cost model in labkit.scaling. (04_horovod_scaling)
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -31,128 +30,6 @@ DEFAULT_MODEL = "small_cnn"
 
 
 # ----------------------------------------------------------------------------------------------
-# pieces that do not need Horovod (used by tests and by the notebook's single-process experiments)
-
-def default_threads(cores: int | None = None, local_size: int = 1) -> int:
-    """Threads per rank: the cores this process may use, split evenly among the ranks on this host."""
-    if cores is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except AttributeError:  # macOS
-            cores = os.cpu_count() or 1
-    if local_size < 1:
-        raise ValueError(f"local_size must be >= 1; got {local_size}")
-    return max(1, cores // local_size)
-
-
-def scaled_lr(step, lr: float, scale: float = 1.0, warmup_steps: int = 0):
-    """Goyal et al.'s rule: target LR = lr x scale, reached by a linear ramp from lr over warmup_steps.
-
-    With warmup_steps=0 the scaled LR applies from the first step (the "no warmup" baseline).
-    `step` may be a Python number or a tensor (the optimizer's iteration counter).
-    """
-    if lr <= 0:
-        raise ValueError(f"lr must be > 0; got {lr}")
-    if scale < 1:
-        raise ValueError(f"scale must be >= 1 (the number of workers or batch multiple); got {scale}")
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0; got {warmup_steps}")
-    if warmup_steps == 0:
-        return lr * scale
-    if not isinstance(step, (int, float)) and type(step).__module__ != "numpy":
-        import tensorflow as tf  # a tensor: the optimizer's iteration counter inside a graph
-        frac = tf.minimum(1.0, tf.cast(step, tf.float32) / float(warmup_steps))
-        return lr * (1.0 + (scale - 1.0) * frac)
-    frac = min(1.0, float(step) / warmup_steps)
-    return lr * (1.0 + (scale - 1.0) * frac)
-
-
-def small_cnn(input_shape=(32, 32, 3), classes=10, width=16):
-    """The default model: conv(3x3, w)-ReLU-pool, conv(3x3, 2w)-ReLU-pool, dense. ~30k parameters."""
-    import tensorflow as tf
-    layers = tf.keras.layers
-    return tf.keras.Sequential([
-        layers.Input(shape=tuple(input_shape)),
-        layers.Conv2D(width, 3, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Conv2D(2 * width, 3, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Flatten(),
-        layers.Dense(classes),
-    ], name="small_cnn")
-
-
-def build_model(name: str = DEFAULT_MODEL, input_shape=(32, 32, 3), classes=10):
-    """small_cnn (built here) or any labkit.models.get name, with logits output."""
-    if name == DEFAULT_MODEL:
-        return small_cnn(input_shape, classes)
-    try:
-        from labkit import models
-    except ImportError as err:  # pragma: no cover
-        raise ValueError(f"model {name!r} needs labkit.models ({err}); use model='{DEFAULT_MODEL}'") from err
-    return models.get(name, input_shape=tuple(input_shape), classes=classes)
-
-
-def _ends_in_softmax(model) -> bool:
-    """True when the model outputs probabilities (a softmax last layer) rather than logits."""
-    last = model.layers[-1]
-    act = getattr(last, "activation", None)
-    return type(last).__name__ == "Softmax" or getattr(act, "__name__", "") == "softmax"
-
-
-def synthetic_data(n: int, image_size: int = 32, classes: int = 10, seed: int = 0):
-    """A learnable synthetic set: each class is a fixed random template plus noise (float32 NHWC, int labels).
-
-    The same seed gives the same set on every rank, so sharding splits one data set, as with real data.
-    """
-    import numpy as np
-    if n < 1:
-        raise ValueError(f"n must be >= 1; got {n}")
-    rng = np.random.default_rng(seed)
-    templates = rng.normal(0.0, 1.0, size=(classes, image_size, image_size, 3)).astype("float32")
-    y = rng.integers(0, classes, size=n).astype("int32")
-    x = 0.5 * templates[y] + rng.normal(0.0, 1.0, size=(n, image_size, image_size, 3)).astype("float32")
-    return x, y
-
-
-def shard_indices(n: int, rank: int, size: int):
-    """Rank `rank`'s share of n examples: every size-th one, starting at rank (disjoint, covers all)."""
-    if size < 1 or not 0 <= rank < size:
-        raise ValueError(f"need 0 <= rank < size; got rank={rank}, size={size}")
-    return list(range(rank, n, size))
-
-
-def weights_checksum(weights) -> str:
-    """SHA-256 (first 16 hex digits) over the raw bytes of a list of arrays: equal iff bit-identical."""
-    import numpy as np
-    h = hashlib.sha256()
-    for w in weights:
-        a = np.ascontiguousarray(np.asarray(w, dtype=np.float32))
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
-
-
-def summarize_times(step_times, batch_size: int, steps: int) -> dict:
-    """images/s per repeat (repeats are consecutive blocks of `steps` timed steps), mean and spread."""
-    import numpy as np
-    t = np.asarray(step_times, dtype=float)
-    if steps < 1 or t.size < steps:
-        raise ValueError(f"need at least one block of steps={steps} timed steps; got {t.size}")
-    blocks = t[: t.size // steps * steps].reshape(-1, steps)
-    ips = batch_size * steps / blocks.sum(axis=1)
-    return {
-        "images_per_sec": float(ips.mean()),
-        "images_per_sec_std": float(ips.std(ddof=1)) if ips.size > 1 else 0.0,
-        "images_per_sec_repeats": [float(v) for v in ips],
-        "step_time_s": float(np.median(t)),
-        "step_time_mean_s": float(t.mean()),
-        # the fast end of the distribution: the step when no other program took the core (shared machines)
-        "step_time_p10_s": float(np.percentile(t, 10)),
-    }
-
-
-# ----------------------------------------------------------------------------------------------
 # the script
 
 def parse_args(argv=None):
@@ -163,20 +40,22 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats (images/s mean and spread)")
     p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first (tracing, allocation)")
-    p.add_argument("--data", default="synthetic", choices=["synthetic", "auto", "cifar10"],
-                   help="synthetic tensors, or labkit.data.load_dataset (auto) / load_cifar10")
+    p.add_argument("--data", default="synthetic", choices=["synthetic", "random", "auto", "cifar10"],
+                   help="labkit.data's synthetic set (32 px, 10 classes), one fixed random batch at --image-size "
+                        "(throughput only, as Horovod's synthetic benchmark), or labkit.data.load_dataset")
     p.add_argument("--num-examples", type=int, default=4096, help="size of the synthetic training set")
-    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--image-size", type=int, default=32, help="--data random: image side in px")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.01, help="base learning rate (one worker)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: LR = lr x number of ranks")
     p.add_argument("--lr-warmup-steps", type=int, default=0, help="ramp the scaled LR up over this many steps")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / local ranks)")
-    p.add_argument("--inter-threads", type=int, default=1, help="inter-op threads per rank")
+    p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads per rank (0: as --threads)")
     p.add_argument("--no-sync", action="store_true",
                    help="control experiment: plain optimizer, no gradient allreduce (ranks drift apart)")
     p.add_argument("--no-function", action="store_true", help="run the step eagerly (no tf.function)")
+    p.add_argument("--jit", action="store_true", help="compile the step with XLA (tf.function jit_compile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="directory for rank{R}.json (default: no files)")
     p.add_argument("--checkpoint-dir", default=None, help="rank 0 writes weights.h5 and log.jsonl here")
@@ -193,8 +72,16 @@ def parse_args(argv=None):
     for name in ("batch_size", "steps", "repeats", "num_examples", "image_size", "classes", "chain"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
-    if args.warmup_steps < 0 or args.lr_warmup_steps < 0 or args.threads < 0:
-        p.error("--warmup-steps, --lr-warmup-steps and --threads must be >= 0")
+    for name in ("warmup_steps", "lr_warmup_steps", "threads", "inter_threads"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0; got {getattr(args, name)}")
+    if args.data == "synthetic" and (args.image_size, args.classes) != (32, 10):
+        p.error(f"--data synthetic is 32 px with 10 classes; got --image-size {args.image_size} --classes "
+                f"{args.classes} (use --data random for other sizes)")
+    if not args.bench_allreduce:
+        from labkit import models  # imports TensorFlow, builds nothing
+        if args.model not in models.names():
+            p.error(f"--model must be one of {', '.join(models.names())}; got {args.model!r}")
     return args
 
 
@@ -203,11 +90,12 @@ def _setup(args):
     import tensorflow as tf
     import horovod.tensorflow as hvd
     labkit.quiet()
+    from labkit import gpu, machine
     hvd.init()
-    threads = args.threads or default_threads(local_size=hvd.local_size())
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
-    from labkit import gpu
+    threads = args.threads or machine.default_threads(local_size=hvd.local_size())
+    machine.limit_threads(threads)
+    if args.inter_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
 
     gpus = tf.config.list_physical_devices("GPU")
     gpu.pin_to_local_rank(hvd.local_rank(), gpus)  # one GPU per rank, chosen by local rank (Horovod's recipe)
@@ -215,36 +103,31 @@ def _setup(args):
 
 
 def _load_data(tf, args, rank, size):
-    """This rank's endless batched pipeline over its 1/size shard, the data set's name and sizes.
+    """This rank's batches (an endless iterator) over its 1/size shard, the data set's name and sizes.
 
-    Real data (--data auto|cifar10) goes through labkit.data.load_dataset + make_dataset(shard=...)
-    (issue 5's pipeline, normalised); --data synthetic uses in-memory float tensors sharded here.
+    --data random: one fixed random batch, fed every step (Horovod's synthetic benchmark; nothing to shard).
+    Otherwise labkit.data's synthetic set or load_dataset, through make_dataset(shard=(rank, size)).
     """
-    import numpy as np
-    if args.data != "synthetic":
-        from labkit import data
-        if hasattr(data, "load_dataset") and hasattr(data, "make_dataset"):
-            (x, y), _, info = data.load_dataset(None if args.data == "auto" else args.data)
-            mine = len(shard_indices(len(x), rank, size))
-            if mine < args.batch_size:
-                raise ValueError(f"this rank's shard has {mine} examples, fewer than batch_size={args.batch_size}")
-            ds = data.make_dataset(x, y, args.batch_size, shuffle=True, seed=args.seed, shard=(rank, size),
-                                   drop_remainder=True).repeat()
-            return ds, str(getattr(info, "name", info)), len(x), mine, x.shape[1:]
-        print("labkit.data.load_dataset/make_dataset not available: using synthetic data", file=sys.stderr)
-    x, y = synthetic_data(args.num_examples, args.image_size, args.classes, seed=args.seed)
-    idx = shard_indices(len(x), rank, size)
-    x, y = x[idx], y[idx]
-    return _dataset(tf, x, y, args.batch_size, args.seed + rank), "synthetic", args.num_examples, len(x), x.shape[1:]
+    import itertools
 
-
-def _dataset(tf, x, y, batch_size, seed):
-    """An endless, shuffled, batched pipeline over this rank's shard (the shard is already taken)."""
-    if len(x) < batch_size:
-        raise ValueError(f"this rank's shard has {len(x)} examples, fewer than batch_size={batch_size}; "
+    from labkit import data
+    if args.data == "random":
+        x, y = data.random_batch(args.batch_size, args.image_size, args.classes, seed=args.seed + rank)
+        batch = (tf.constant(x), tf.constant(y))
+        return itertools.repeat(batch), "random", args.batch_size, args.batch_size, x.shape[1:]
+    if args.data == "synthetic":
+        (x, y), _ = data.synthetic(args.num_examples, 0, seed=args.seed)
+        name = "synthetic"
+    else:
+        (x, y), _, info = data.load_dataset(None if args.data == "auto" else args.data)
+        name = str(getattr(info, "name", info))
+    mine = len(range(rank, len(x), size))  # make_dataset's shard: every size-th example from rank
+    if mine < args.batch_size:
+        raise ValueError(f"this rank's shard has {mine} examples, fewer than batch_size={args.batch_size}; "
                          f"raise --num-examples or lower --batch-size")
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(min(len(x), 10_000), seed=seed)
-    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(2)
+    ds = data.make_dataset(x, y, args.batch_size, shuffle=True, seed=args.seed, shard=(rank, size),
+                           drop_remainder=True).repeat()
+    return iter(ds), name, len(x), mine, x.shape[1:]
 
 
 def train(args) -> dict:
@@ -252,46 +135,25 @@ def train(args) -> dict:
     rank, size = hvd.rank(), hvd.size()
     ds, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
     tf.random.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
-    model = build_model(args.model, tuple(shape), args.classes)
+    from labkit import models, training
+    model = models.get(args.model, input_shape=tuple(shape), classes=args.classes)
     scale = float(size) if args.scale_lr else 1.0
-    lr_fn = lambda step: scaled_lr(step, args.lr, scale, args.lr_warmup_steps)  # noqa: E731
-
-    class GoyalSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
-        def __init__(self, lr, scale, warmup_steps):
-            self.lr, self.scale, self.warmup_steps = lr, scale, warmup_steps
-
-        def __call__(self, step):
-            return scaled_lr(step, self.lr, self.scale, self.warmup_steps)
-
-        def get_config(self):
-            return {"lr": self.lr, "scale": self.scale, "warmup_steps": self.warmup_steps}
-
-    opt = tf.keras.optimizers.legacy.SGD(learning_rate=GoyalSchedule(args.lr, scale, args.lr_warmup_steps),
+    lr_fn = lambda step: training.warmup_lr(step, args.lr, scale, args.lr_warmup_steps)  # noqa: E731
+    opt = tf.keras.optimizers.legacy.SGD(learning_rate=training.WarmupLR(args.lr, scale, args.lr_warmup_steps),
                                          momentum=args.momentum)
-    if not args.no_sync:  # Horovod rebuilds the optimizer from its config: let it find our schedule
-        with tf.keras.utils.custom_object_scope({"GoyalSchedule": GoyalSchedule}):
-            opt = hvd.DistributedOptimizer(opt)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=not _ends_in_softmax(model))
-
-    def step_fn(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        if args.no_sync:
-            grads = tape.gradient(loss, model.trainable_variables)
-            grads_and_vars = list(zip(grads, model.trainable_variables))
-        else:  # DistributedOptimizer averages the gradients over all ranks (fused ring allreduce)
-            grads_and_vars = opt.compute_gradients(loss, model.trainable_variables, tape=tape)
-        opt.apply_gradients(grads_and_vars)
-        return loss
-
-    step = step_fn if args.no_function else tf.function(step_fn)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)  # every labkit model: softmax
+    # DistributedGradientTape averages the gradients over all ranks (fused ring allreduce); --no-sync skips it
+    tape_wrapper = None if args.no_sync else hvd.DistributedGradientTape
+    step = training.make_train_step(model, opt, loss_fn, tape_wrapper, jit_compile=True if args.jit else None)
+    if args.no_function:
+        step = step.python_function  # the same step, run eagerly op by op
 
     # Everyone starts from rank 0's weights and optimizer state (slots created first, then broadcast).
     opt._create_all_weights(model.trainable_variables)
     hvd.broadcast_variables(model.variables, root_rank=0)
     hvd.broadcast_variables(opt.variables(), root_rank=0)
 
-    it = iter(ds)
+    it = ds
     total_steps = args.warmup_steps + args.steps * args.repeats
     report_every = args.progress_every or args.steps
     log_f = None
@@ -336,17 +198,17 @@ def train(args) -> dict:
         "batch_size": args.batch_size, "global_batch_size": args.batch_size * size,
         "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
         "lr": args.lr, "lr_final": float(lr_fn(total_steps)), "scale_lr": args.scale_lr,
-        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync,
+        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "jit": args.jit,
         "step_times_s": [round(t, 6) for t in step_times],
         "cpu_step_time_s": float(np.median(cpu_times)), "cpu_step_times_s": [round(t, 6) for t in cpu_times],
         "loss_local": [round(v, 5) for v in losses],
         "loss_avg": [round(float(v), 5) for v in loss_avg],
         "final_loss": float(loss_avg[-1]), "final_loss_local": float(losses[-1]),
-        "checksum": weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
+        "checksum": training.weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
         "grad_bytes": int(sum(4 * int(v.shape.num_elements()) for v in model.trainable_variables)),
         "grad_tensors": [4 * int(v.shape.num_elements()) for v in model.trainable_variables],
     }
-    result.update(summarize_times(step_times, args.batch_size, args.steps))
+    result.update(training.summarize_times(step_times, args.batch_size, args.steps))
     if rank == 0 and args.checkpoint_dir:
         model.save_weights(str(Path(args.checkpoint_dir) / "weights.h5"))
         log_f.close()

@@ -26,31 +26,25 @@ def _local_setup(threads):
 
 
 def _train_step_fn(tf, model, opt):
-    from labkit.hvd_train import _ends_in_softmax
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=not _ends_in_softmax(model))
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-    return step
+    from labkit import training
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)  # labkit models end in softmax
+    return training.make_train_step(model, opt, loss_fn)
 
 
 def throughput_vs_batch(batch_sizes=(1, 2, 4, 8, 16, 32, 64), *, model="small_cnn", steps=10, repeats=3,
                         warmup_steps=2, threads=None, seed=0):
     """Training images/s of one worker for each batch size (the Chameleon slides' table, on this CPU)."""
     import pandas as pd
-    from labkit.hvd_train import build_model, summarize_times
+    from labkit import models
+    from labkit.rankstats import summarize_times
+    for b in batch_sizes:
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+            raise ValueError(f"batch_sizes must be positive ints; got {b!r}")
     tf = _local_setup(threads)
     rows = []
     for b in batch_sizes:
-        if b < 1:
-            raise ValueError(f"batch sizes must be >= 1; got {b}")
         tf.random.set_seed(seed)
-        net = build_model(model)
+        net = models.get(model)
         opt = tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9)
         step = _train_step_fn(tf, net, opt)
         x = tf.random.normal([b, *net.input_shape[1:]], seed=seed)
@@ -75,18 +69,19 @@ def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1,
     average, computed at once (exact for SGD on the same examples). Returns a long DataFrame.
     """
     import pandas as pd
-    from labkit.hvd_train import build_model, scaled_lr, synthetic_data
+    from labkit import models
+    from labkit import data as lkdata
+    from labkit.training import warmup_lr
     if k < 1 or batch_size < 1 or epochs < 1:
         raise ValueError("k, batch_size and epochs must be >= 1")
     tf = _local_setup(threads)
     if data == "synthetic":
-        x, y = synthetic_data(num_examples, seed=seed)
+        (x, y), _ = lkdata.synthetic(num_examples, 0, seed=seed)
         name = "synthetic"
     else:
-        from labkit import data as lkdata
         (x, y), _, info = lkdata.load_dataset(None if data == "auto" else data, n_train=num_examples)
-        x, y = lkdata.normalize(x), np.asarray(y).reshape(-1).astype("int32")
         name = str(getattr(info, "name", info))
+    x, y = lkdata.normalize(x), np.asarray(y).reshape(-1).astype("int32")
     configs = [
         (f"b={batch_size}, lr={lr:g}", batch_size, 1.0, 0),
         (f"b={k * batch_size}, lr={lr:g} (no scaling)", k * batch_size, 1.0, 0),
@@ -96,10 +91,10 @@ def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1,
     rows = []
     for label, b, scale, warm in configs:
         tf.random.set_seed(seed)
-        net = build_model("small_cnn", x.shape[1:])
+        net = models.get("small_cnn", input_shape=x.shape[1:])
         steps_per_epoch = len(x) // b
         warm_steps = warmup_epochs * steps_per_epoch if warm < 0 else 0
-        sched = lambda step, s=scale, w=warm_steps: scaled_lr(step, lr, s, w)  # noqa: E731
+        sched = lambda step, s=scale, w=warm_steps: warmup_lr(step, lr, s, w)  # noqa: E731
         opt = tf.keras.optimizers.legacy.SGD(learning_rate=lambda: sched(opt.iterations), momentum=0.9)
         step = _train_step_fn(tf, net, opt)
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(b, drop_remainder=True)

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from labkit import config
+from labkit.rankstats import summarize_times, weights_checksum  # noqa: F401  (per-rank results)
 
 # seed 000's trainingOptions, verbatim (MATLAB white paper "Deep Learning in the Cloud")
 SEED000 = {"lr": 0.001, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 30, "l2": 0.004, "epochs": 40,
@@ -69,6 +70,66 @@ def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int = 256) -> fl
     if not isinstance(base_batch_size, int) or base_batch_size < 1:
         raise ValueError(f"base_batch_size must be a positive int; got {base_batch_size!r}")
     return base_lr * batch_size / base_batch_size
+
+
+def warmup_lr(step, lr: float, scale: float = 1.0, warmup_steps: int = 0):
+    """Goyal et al. 2017's rule: the LR ramps linearly from lr to lr x scale over warmup_steps, then stays.
+
+    warmup_steps=0 applies lr x scale from the first step (the "no warmup" baseline). `step` may be a
+    Python number or a tensor (an optimizer's iteration counter inside a graph). The one warmup schedule:
+    hvd_train, large_batch and WarmupLR use it. (04_horovod_scaling)
+    """
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
+        raise ValueError(f"lr must be > 0; got {lr!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 1:
+        raise ValueError(f"scale must be >= 1 (the number of workers or batch multiple); got {scale!r}")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, np.integer)) or warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be an int >= 0; got {warmup_steps!r}")
+    if warmup_steps == 0:
+        return lr * scale
+    if isinstance(step, (int, float, np.number)):
+        frac = min(1.0, float(step) / warmup_steps)
+    else:  # a tensor
+        frac = tf.minimum(1.0, tf.cast(step, tf.float32) / float(warmup_steps))
+    return lr * (1.0 + (scale - 1.0) * frac)
+
+
+@tf.keras.utils.register_keras_serializable(package="labkit")
+class WarmupLR(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """warmup_lr as a Keras schedule (the optimizer's step counter drives it). (04_horovod_scaling)"""
+
+    def __init__(self, lr, scale=1.0, warmup_steps=0):
+        warmup_lr(0, lr, scale, warmup_steps)  # checks the arguments now, not at the first step
+        self.lr, self.scale, self.warmup_steps = lr, scale, warmup_steps
+
+    def __call__(self, step):
+        return warmup_lr(step, self.lr, self.scale, self.warmup_steps)
+
+    def get_config(self):
+        return {"lr": self.lr, "scale": self.scale, "warmup_steps": self.warmup_steps}
+
+
+def make_train_step(model, optimizer, loss_fn, tape_wrapper=None, *, jit_compile=None):
+    """The one training step, a tf.function: forward, loss, gradients, optimizer update; returns the loss.
+
+    tape_wrapper wraps the GradientTape before the gradients are taken: hvd_train passes
+    hvd.DistributedGradientTape, which averages them over all ranks (ring allreduce). jit_compile is
+    tf.function's (None: TensorFlow's default). (04_horovod_scaling)
+    """
+    if tape_wrapper is not None and not callable(tape_wrapper):
+        raise TypeError(f"tape_wrapper must be callable (e.g. hvd.DistributedGradientTape); got {tape_wrapper!r}")
+    variables = model.trainable_variables
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        if tape_wrapper is not None:
+            tape = tape_wrapper(tape)
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    return tf.function(step, jit_compile=jit_compile)
 
 
 @tf.keras.utils.register_keras_serializable(package="labkit")
@@ -351,6 +412,8 @@ def predict(model, x, batch_size=256) -> np.ndarray:
     """Class probabilities; uint8 images are normalised as make_dataset does, floats are used as given."""
     from labkit import data
 
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
     x = np.asarray(x)
     x = data.normalize(x) if x.dtype == np.uint8 else x.astype(np.float32)
     return model.predict(x, batch_size=batch_size, verbose=0)

@@ -96,3 +96,20 @@ def test_seed000_bad_input_names_the_parameter(kwargs, word):
 def test_bad_window_is_rejected():
     with pytest.raises(ValueError, match="window"):
         cifar.CrossChannelNormalization(window=4)
+
+
+def test_small_cnn_by_hand_and_registered():
+    import tensorflow as tf
+
+    m = labkit.models.get("small_cnn")
+    # conv 3x3x3x16 + 16, conv 3x3x16x32 + 32, dense (8*8*32) x 10 + 10, counted by hand
+    assert m.count_params() == (27 * 16 + 16) + (9 * 16 * 32 + 32) + (8 * 8 * 32 * 10 + 10)
+    assert cifar.memory_footprint(m) == 4 * m.count_params()
+    p = m(tf.zeros([2, 32, 32, 3])).numpy()  # ends in softmax, as every labkit model
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-5)
+    assert m.layers[-1].activation.__name__ == "softmax"
+
+
+def test_small_cnn_refuses_too_small_an_input():
+    with pytest.raises(ValueError, match="input_shape"):
+        labkit.models.get("small_cnn", input_shape=(2, 2, 3))

@@ -283,3 +283,104 @@ def test_plots_build():
     fig = training.plot_filters(model)
     assert len([a for a in fig.axes if a.images]) == 4
     plt.close("all")
+
+
+# ---- the one warmup schedule, the one train step, per-rank results ------------------------------------
+
+def test_warmup_lr_ramps_linearly_to_the_scaled_lr():
+    # Goyal et al. 2017: lr 0.1, 8 workers, 100 warmup steps -> 0.1 at 0, 0.45 at 50, 0.8 from 100 on
+    assert training.warmup_lr(0, 0.1, 8, 100) == pytest.approx(0.1)
+    assert training.warmup_lr(50, 0.1, 8, 100) == pytest.approx(0.45)
+    assert training.warmup_lr(100, 0.1, 8, 100) == pytest.approx(0.8)
+    assert training.warmup_lr(1000, 0.1, 8, 100) == pytest.approx(0.8)
+    assert training.warmup_lr(0, 0.1, 8, 0) == pytest.approx(0.8)  # no warmup: scaled from the start
+    assert training.warmup_lr(7, 0.1) == pytest.approx(0.1)
+
+
+def test_warmup_lr_on_tensors_and_as_keras_schedule_match_python():
+    sched = training.WarmupLR(0.1, 8, 100)
+    for step in (0, 13, 50, 400):
+        want = training.warmup_lr(step, 0.1, 8, 100)
+        assert float(training.warmup_lr(tf.constant(step, tf.int64), 0.1, 8, 100)) == pytest.approx(want)
+        assert float(sched(tf.constant(step, tf.int64))) == pytest.approx(want)
+    assert training.WarmupLR.from_config(sched.get_config()).get_config() == sched.get_config()
+
+
+@pytest.mark.parametrize("kwargs, name", [({"lr": 0}, "lr"), ({"scale": 0.5}, "scale"),
+                                          ({"warmup_steps": -1}, "warmup_steps")])
+def test_warmup_lr_names_the_bad_parameter(kwargs, name):
+    args = {"lr": 0.1, "scale": 2, "warmup_steps": 10, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        training.warmup_lr(0, **args)
+    with pytest.raises(ValueError, match=name):
+        training.WarmupLR(**args)
+
+
+def test_train_step_matches_keras_train_on_batch():
+    # oracle: Keras's own train_on_batch from the same weights, same optimizer, same batch
+    x = np.random.default_rng(0).normal(size=(8, 32, 32, 3)).astype(np.float32)
+    y = np.arange(8, dtype=np.int32) % 10
+    tf.random.set_seed(1)
+    a = cifar.small_cnn()
+    b = tf.keras.models.clone_model(a)
+    b.set_weights(a.get_weights())
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)
+    step = training.make_train_step(a, tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9), loss_fn)
+    b.compile(tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9), loss_fn)
+    for _ in range(2):
+        la = float(step(tf.constant(x), tf.constant(y)))
+        lb = float(b.train_on_batch(x, y))
+        assert la == pytest.approx(lb, rel=1e-4)
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_allclose(wa, wb, rtol=1e-4, atol=1e-6)
+
+
+def test_train_step_applies_the_tape_wrapper():
+    calls = []
+
+    def wrapper(tape):
+        calls.append(type(tape).__name__)
+        return tape
+
+    model = cifar.small_cnn(input_shape=(8, 8, 3))
+    step = training.make_train_step(model, tf.keras.optimizers.legacy.SGD(0.01),
+                                    tf.keras.losses.SparseCategoricalCrossentropy(), tape_wrapper=wrapper)
+    step(tf.zeros([2, 8, 8, 3]), tf.zeros([2], tf.int32))
+    assert calls and set(calls) == {"GradientTape"}  # called at tracing (again when slots get created)
+    with pytest.raises(TypeError, match="tape_wrapper"):
+        training.make_train_step(model, None, None, tape_wrapper="hvd")
+
+
+def test_checksum_sees_a_one_ulp_change():
+    w = [np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), np.ones(4, np.float32)]
+    same = [a.copy() for a in w]
+    assert training.weights_checksum(w) == training.weights_checksum(same)
+    same[0][1, 2] = np.nextafter(same[0][1, 2], np.float32(2))
+    assert training.weights_checksum(w) != training.weights_checksum(same)
+    assert training.weights_checksum([w[0].reshape(4, 3), w[1]]) != training.weights_checksum(w)  # shape counts
+
+
+def test_summarize_times_per_repeat_blocks():
+    # 2 repeats of 2 steps, batch 10: blocks take 0.2 s and 0.4 s -> 100 and 50 images/s
+    s = training.summarize_times([0.1, 0.1, 0.2, 0.2], batch_size=10, steps=2)
+    assert s["images_per_sec_repeats"] == pytest.approx([100.0, 50.0])
+    assert s["images_per_sec"] == pytest.approx(75.0)
+    assert s["images_per_sec_std"] == pytest.approx(np.std([100, 50], ddof=1))
+    with pytest.raises(ValueError, match="steps"):
+        training.summarize_times([0.1], batch_size=10, steps=2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_predict_bad_batch_size(bad):
+    with pytest.raises(ValueError, match="batch_size"):
+        training.predict(cifar.small_cnn(input_shape=(8, 8, 3)), np.zeros((2, 8, 8, 3), np.float32),
+                         batch_size=bad)
+
+
+def test_random_batch_shapes_and_bad_input():
+    x, y = data.random_batch(4, image_size=16, classes=7, seed=3)
+    assert x.shape == (4, 16, 16, 3) and x.dtype == np.float32 and y.dtype == np.int32
+    assert 0 <= y.min() and y.max() < 7
+    np.testing.assert_array_equal(x, data.random_batch(4, image_size=16, classes=7, seed=3)[0])
+    with pytest.raises(ValueError, match="image_size"):
+        data.random_batch(4, image_size=0)

@@ -108,6 +108,28 @@ def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10):
 
 
 # seed 000's 16 sweep configurations, in the white paper's order of parameters
+def small_cnn(input_shape=CIFAR_SHAPE, classes=10, width=16):
+    """The Horovod lab's default model: conv(3x3, w)-ReLU-pool, conv(3x3, 2w)-ReLU-pool, dense, softmax.
+
+    About 30k parameters at 32x32: small enough that one CPU step is milliseconds. (04_horovod_scaling)
+    """
+    shape = _check_shape(input_shape)
+    _check_int("width", width)
+    _check_int("classes", classes)
+    if min(shape[:2]) < 4:
+        raise ValueError(f"input_shape must be at least 4x4 for small_cnn's two 2x2 pools; got {input_shape!r}")
+    L = tf.keras.layers
+    return tf.keras.Sequential([
+        L.Input(shape=shape),
+        L.Conv2D(width, 3, padding="same", activation="relu"),
+        L.MaxPooling2D(2),
+        L.Conv2D(2 * width, 3, padding="same", activation="relu"),
+        L.MaxPooling2D(2),
+        L.Flatten(),
+        L.Dense(classes, activation="softmax"),
+    ], name="small_cnn")
+
+
 SEED000_SWEEP = [
     {"filters": f, "filter_size": k, "pool_size": p, "extra_conv": e}
     for f, k, p, e in itertools.product((20, 32), (5, 3), (3, 2), (False, True))
@@ -127,4 +149,8 @@ def _seed002_builder(input_shape=None, classes=10, **kwargs):
     return seed002_net(input_shape=_check_shape(input_shape), classes=classes, **kwargs)
 
 
-MODELS = {"seed000": _seed000_builder, "seed002": _seed002_builder}
+def _small_cnn_builder(input_shape=None, classes=10, **kwargs):
+    return small_cnn(input_shape=_check_shape(input_shape), classes=classes, **kwargs)
+
+
+MODELS = {"seed000": _seed000_builder, "seed002": _seed002_builder, "small_cnn": _small_cnn_builder}
