@@ -63,6 +63,31 @@ def write_cifar_layout(root: Path, images, labels, test_images, test_labels) -> 
     return table
 
 
+@pytest.mark.parametrize("profile", ["quick", "workshop", "full"])
+def test_smoke_scale_shrinks_sizes_and_keeps_choices(monkeypatch, profile):
+    from labkit import config
+
+    monkeypatch.setenv("LABKIT_PROFILE", profile)
+    monkeypatch.delenv("LABKIT_SMOKE", raising=False)
+    assert config.by_profile(quick=1, workshop=2, full=3, smoke=0) == {"quick": 1, "workshop": 2, "full": 3}[profile]
+    assert "SMOKE" not in config.describe()
+    monkeypatch.setenv("LABKIT_SMOKE", "1")
+    assert config.by_profile(quick=1, workshop=2, full=3, smoke=0) == 0       # a size: the smoke value
+    assert config.by_profile(quick="a", workshop="b", full="c") == {"quick": "a", "workshop": "b", "full": "c"}[profile]
+    assert "SMOKE SCALE" in config.describe() and "not results" in config.describe()
+    monkeypatch.setenv("LABKIT_SMOKE", "0")
+    assert config.by_profile(quick=1, workshop=2, full=3, smoke=0) != 0
+
+
+@pytest.mark.parametrize("bad", ["yes", "2", "true"])
+def test_bad_smoke_value_names_the_variable(monkeypatch, bad):
+    from labkit import config
+
+    monkeypatch.setenv("LABKIT_SMOKE", bad)
+    with pytest.raises(ValueError, match="LABKIT_SMOKE"):
+        config.smoke_scale()
+
+
 @pytest.fixture(scope="module")
 def smoke_env(tmp_path_factory):
     from labkit import data
