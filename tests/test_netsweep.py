@@ -57,8 +57,36 @@ def test_trainer_settings_name_the_data_set(tmp_path, monkeypatch):
     assert name == "synthetic" and "CIFAR-10 was not found" in why
     trainer = netsweep.NetworkTrainer(epochs=2, train_size=100)
     assert trainer.settings() == {"epochs": 2, "train_size": 100, "test_size": None, "batch_size": 100,
-                                  "lr": 0.01, "l2": 0.004, "seed": 0, "dataset": "synthetic"}
+                                  "lr": 0.01, "l2": 0.004, "seed": 0, "dropout": 0.0, "augment": False,
+                                  "warmup_epochs": 0, "dataset": "synthetic"}
     assert trainer.name({"filters": 32, "filter_size": 3, "pool_size": 2, "extra_conv": True}) == "f32_k3_p2_x"
+
+
+@pytest.mark.parametrize("field, value", [("dropout", 1.0), ("dropout", -0.1), ("dropout", True), ("augment", 1),
+                                          ("warmup_epochs", 1), ("warmup_epochs", -1)])
+def test_trainer_rejects_bad_overfitting_cures(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        netsweep.NetworkTrainer(**{field: value})
+
+
+def test_dropout_adds_one_layer_and_no_weights():
+    from labkit.models.cifar import seed000_net
+
+    plain, dropped = seed000_net(), seed000_net(dropout=0.5)
+    assert [l.name for l in dropped.layers if l.name not in {l.name for l in plain.layers}] == ["dropout"]
+    assert dropped.count_params() == plain.count_params()
+    with pytest.raises(ValueError, match="^dropout must be"):
+        seed000_net(dropout=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cure", [{}, {"dropout": 0.5}, {"augment": True}])
+def test_trainer_reports_train_and_test_accuracy(cure):
+    # each cure trains end to end and the record carries both accuracies and the split sizes
+    trainer = netsweep.NetworkTrainer(epochs=1, train_size=200, test_size=100, batch_size=50, **cure)
+    record = trainer({"filters": 20, "filter_size": 3, "pool_size": 2, "extra_conv": False})
+    assert 0 <= record["train_accuracy"] <= 1 and 0 <= record["accuracy"] <= 1
+    assert record["train_images"] == 200 and record["test_images"] == 100
 
 
 def test_recommend_picks_smallest_front_network_within_tolerance():

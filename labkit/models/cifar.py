@@ -56,8 +56,15 @@ class CrossChannelNormalization(tf.keras.layers.Layer):
         return {**super().get_config(), "window": self.window, "alpha": self.alpha, "beta": self.beta, "k": self.k}
 
 
-def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_shape=CIFAR_SHAPE, classes=10):
-    """Seed 000's CIFAR-10 network; the four arguments are the white paper's sweep parameters (01_cnn_basics)."""
+def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_shape=CIFAR_SHAPE, classes=10,
+                dropout=0.0):
+    """Seed 000's CIFAR-10 network; the four arguments are the white paper's sweep parameters.
+
+    dropout > 0 adds a Dropout layer before the dense layer (not in the paper: the cure for overfitting that
+    05 tries; 0, the default, builds the paper's network). (01_cnn_basics)
+    """
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a fraction in [0, 1); got {dropout!r}")
     _check_int("filters", filters)
     _check_int("filter_size", filter_size)
     _check_int("pool_size", pool_size)
@@ -78,6 +85,8 @@ def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_
     x = L.ReLU(name="relu2")(x)
     x = L.MaxPooling2D(pool_size, strides=2, name="pool2")(x)
     x = L.Flatten(name="flatten")(x)
+    if dropout:
+        x = L.Dropout(dropout, name="dropout")(x)
     outputs = L.Dense(classes, activation="softmax", name="fc")(x)
     name = f"seed000_f{filters}_k{filter_size}_p{pool_size}" + ("_extra" if extra_conv else "")
     return tf.keras.Model(inputs, outputs, name=name)
