@@ -1,0 +1,264 @@
+"""Run notebooks inside a box like Binder's (2 GiB of memory, 2 CPUs) and report wall time and peak memory.
+
+    sudo .venv/bin/python scripts/binder_box.py                         # every notebook, workshop profile, files untouched
+    .venv/bin/python scripts/binder_box.py notebooks/00_welcome.ipynb --profile quick
+    .venv/bin/python scripts/binder_box.py --write                      # the final refresh: outputs written back
+    .venv/bin/python scripts/binder_box.py --alloc-test 3               # proves the limit bites: 3 GiB -> killed
+
+The box is a Linux control group (cgroup v1 memory + cpuset, or v2 memory.max + cpuset.cpus), which needs
+root. This process moves itself into the group, so the notebook kernel it starts (and every child, such as
+horovodrun's ranks) is inside; a process that allocates past the limit is killed by the kernel's OOM
+killer (exit 137), as on Binder. The honest peak is the group's own high-water mark (v1
+memory.max_usage_in_bytes, v2 memory.peak): every page charged to the box, this runner's own included
+(Binder's box holds the Jupyter server too). The RSS/PSS columns are refresh_notebooks' samples of the
+kernel's process tree. The group is removed on every path (success, error, Ctrl-C).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+V1_MEMORY, V1_CPUSET = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cpuset")
+V2_ROOT = Path("/sys/fs/cgroup")
+GiB = 2**30
+
+
+def _parse_size(text: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    t = text.strip().lower()
+    t = t[:-2] if t.endswith("ib") else t[:-1] if t.endswith("b") else t
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise ValueError(f"memory: expected a size such as 2G, 2048M or bytes, got {text!r}") from None
+
+
+def unavailable_reason() -> str | None:
+    """None when a box can be made here; else one line saying why not."""
+    if not sys.platform.startswith("linux"):
+        return f"cgroups are Linux-only (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "making a cgroup needs root"
+    if (V1_MEMORY / "memory.limit_in_bytes").exists():
+        return None if os.access(V1_MEMORY, os.W_OK) else f"{V1_MEMORY} is not writable"
+    controllers = V2_ROOT / "cgroup.controllers"
+    if controllers.exists() and "memory" in controllers.read_text().split():
+        return None if os.access(V2_ROOT, os.W_OK) else f"{V2_ROOT} is not writable"
+    return "no cgroup memory controller is mounted (neither v1 nor v2)"
+
+
+class Box:
+    """A memory + CPU limited cgroup; `with Box(...) as box: box.enter()` puts this process in it."""
+
+    def __init__(self, memory: int = 2 * GiB, cpus: int = 2):
+        if memory < 64 * 2**20:
+            raise ValueError(f"memory: expected at least 64 MiB, got {memory} bytes")
+        if cpus < 1:
+            raise ValueError(f"cpus: expected a positive count, got {cpus}")
+        reason = unavailable_reason()
+        if reason:
+            raise RuntimeError(reason)
+        self.memory, self.cpus = memory, cpus
+        self.name = f"labkit-box-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+        self.v1 = (V1_MEMORY / "memory.limit_in_bytes").exists()
+        self.dirs: list[Path] = []
+        self._home: list[Path] = []  # cgroup.procs files to move back to on exit
+
+    # -- set up / tear down ----------------------------------------------------------------------------
+    def _cpu_list(self, allowed: str) -> str:
+        cpus = []
+        for part in allowed.strip().split(","):
+            lo, _, hi = part.partition("-")
+            cpus += list(range(int(lo), int(hi or lo) + 1))
+        return ",".join(str(c) for c in cpus[: self.cpus])
+
+    def __enter__(self):
+        try:
+            if self.v1:
+                mem = V1_MEMORY / self.name
+                mem.mkdir()
+                self.dirs.append(mem)
+                (mem / "memory.limit_in_bytes").write_text(str(self.memory))
+                if (mem / "memory.memsw.limit_in_bytes").exists():  # no escape into swap
+                    (mem / "memory.memsw.limit_in_bytes").write_text(str(self.memory))
+                self._home.append(V1_MEMORY / "cgroup.procs")
+                if V1_CPUSET.exists():
+                    cs = V1_CPUSET / self.name
+                    cs.mkdir()
+                    self.dirs.append(cs)
+                    (cs / "cpuset.cpus").write_text(self._cpu_list((V1_CPUSET / "cpuset.cpus").read_text()))
+                    (cs / "cpuset.mems").write_text((V1_CPUSET / "cpuset.mems").read_text().strip())
+                    self._home.append(V1_CPUSET / "cgroup.procs")
+            else:
+                grp = V2_ROOT / self.name
+                grp.mkdir()
+                self.dirs.append(grp)
+                (grp / "memory.max").write_text(str(self.memory))
+                if (grp / "memory.swap.max").exists():
+                    (grp / "memory.swap.max").write_text("0")
+                if (grp / "cpuset.cpus").exists():
+                    (grp / "cpuset.cpus").write_text(self._cpu_list((V2_ROOT / "cpuset.cpus.effective").read_text()))
+                self._home.append(V2_ROOT / "cgroup.procs")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _procs_file(self, d: Path) -> Path:
+        return d / "cgroup.procs"
+
+    def pids(self) -> list[int]:
+        out = set()
+        for d in self.dirs:
+            try:
+                out |= {int(p) for p in self._procs_file(d).read_text().split()}
+            except OSError:
+                pass
+        return sorted(out)
+
+    def close(self):
+        """Move this process out, end what it left behind in the box (its own children), remove the group."""
+        me = os.getpid()
+        for home in self._home:
+            try:
+                home.write_text(str(me))
+            except OSError:
+                pass
+        for pid in self.pids():  # only processes this runner started can be in the box
+            if pid != me:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for d in reversed(self.dirs):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                print(f"binder_box: could not remove {d}", file=sys.stderr)
+        self.dirs = []
+
+    # -- use ---------------------------------------------------------------------------------------------
+    def enter(self, pid: int | None = None):
+        """Put a process (default: this one) into the box; its future children start inside."""
+        for d in self.dirs:
+            self._procs_file(d).write_text(str(pid or os.getpid()))
+
+    def _mem(self, v1_name: str, v2_name: str) -> Path:
+        return self.dirs[0] / (v1_name if self.v1 else v2_name)
+
+    def reset_peak(self):
+        if self.v1:
+            self._mem("memory.max_usage_in_bytes", "").write_text("0")
+        # v2's memory.peak can be reset only on newer kernels (write to it); try, else keep the running max
+        elif (p := self._mem("", "memory.peak")).exists():
+            try:
+                p.write_text("reset")
+            except OSError:
+                pass
+
+    def peak(self) -> int | None:
+        p = self._mem("memory.max_usage_in_bytes", "memory.peak")
+        return int(p.read_text()) if p.exists() else None
+
+    def oom_kills(self) -> int:
+        p = self._mem("memory.oom_control", "memory.events")
+        if not p.exists():
+            return 0
+        for line in p.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+
+def alloc_test(box: Box, gib: float) -> int:
+    """Start a child in the box that touches `gib` GiB; return its exit status (137 = OOM-killed)."""
+    code = (f"import sys; b = bytearray({int(gib * GiB)}); b[::4096] = b'x' * len(b[::4096]); "
+            "print('allocated', len(b) >> 20, 'MiB'); sys.exit(0)")
+    child = subprocess.Popen([sys.executable, "-c", code], preexec_fn=lambda: box.enter())
+    rc = child.wait()
+    return 128 - rc if rc < 0 else rc  # a signal -N reads as 128+N, as a shell reports it
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
+    parser.add_argument("--memory", default="2G", help="memory limit (default 2G, Binder's)")
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs in the box (default 2)")
+    parser.add_argument("--profile", default=None,
+                        help="LABKIT_PROFILE for the kernels (default: $LABKIT_PROFILE or workshop)")
+    parser.add_argument("--write", action="store_true", help="write the executed notebooks back (final refresh)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")
+    parser.add_argument("--alloc-test", type=float, metavar="GIB",
+                        help="only check that the limit bites: a child allocates GIB GiB in the box")
+    args = parser.parse_args(argv)
+    try:
+        memory = _parse_size(args.memory)
+        box = Box(memory, args.cpus)
+    except (ValueError, RuntimeError) as err:
+        print(f"binder_box: {err}", file=sys.stderr)
+        return 2
+    missing = [str(p) for p in args.notebooks if not p.exists()]
+    if missing:
+        print(f"binder_box: notebooks: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    with box:
+        print(f"box: {memory / GiB:.2f} GiB memory, {args.cpus} CPUs, cgroup {'v1' if box.v1 else 'v2'} "
+              f"({box.name})", flush=True)
+        if args.alloc_test is not None:
+            rc = alloc_test(box, args.alloc_test)
+            print(f"allocating {args.alloc_test:g} GiB in the box: exit {rc}"
+                  f"{' (OOM-killed)' if rc == 137 else ''}, OOM kills counted {box.oom_kills()}")
+            return 0 if (rc == 137) == (args.alloc_test * GiB > memory) else 1
+        if args.profile:
+            os.environ["LABKIT_PROFILE"] = args.profile
+        os.environ.setdefault("LABKIT_PROFILE", "workshop")
+        sys.path.insert(0, str(HERE / "scripts"))
+        from refresh_notebooks import run_notebook  # the one notebook executor
+
+        box.enter()
+        paths = args.notebooks or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
+        print(f"profile: {os.environ['LABKIT_PROFILE']}  write: {'yes' if args.write else 'no'}")
+        print(f"{'notebook':<28} {'wall time':>10} {'box peak':>10} {'peak RSS':>10} {'peak PSS':>10}", flush=True)
+        failed = []
+        for path in paths:
+            box.reset_peak()
+            kills = box.oom_kills()
+            try:
+                elapsed, rss, pss = run_notebook(path, write=args.write, timeout=args.timeout)
+            except Exception as err:
+                failed.append(path.name)
+                oom = box.oom_kills() > kills
+                what = ("OOM-killed past the box's limit" if oom else
+                        f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}")
+                peak = box.peak()
+                print(f"{path.name:<28} FAILED ({what}); box peak {peak / 2**20:.0f} MiB" if peak else
+                      f"{path.name:<28} FAILED ({what})", flush=True)
+                continue
+            peak = box.peak()
+            print(f"{path.name:<28} {elapsed:>8.1f} s {(peak or 0) / 2**20:>6.0f} MiB "
+                  f"{rss / 2**20:>6.0f} MiB {pss / 2**20:>6.0f} MiB", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
