@@ -60,7 +60,7 @@ def test_bad_input_is_one_line_exit_2():
 
 
 @needs_box
-@pytest.mark.parametrize("notebook", ["00_welcome.ipynb", "03_flops.ipynb"])
+@pytest.mark.parametrize("notebook", ["00_welcome.ipynb", "01_cnn_basics.ipynb"])
 def test_notebook_fits_in_the_box_quick_profile(notebook):
     out = _run(f"notebooks/{notebook}", "--profile", "quick", timeout=1200)
     assert out.returncode == 0, out.stdout + out.stderr
