@@ -157,8 +157,8 @@ def freeze(model, keep=()):
 
 def param_counts(model) -> dict:
     """{"trainable": n, "frozen": n} learnable parameters of a model as it is now."""
-    count = lambda ws: int(sum(int(np.prod(w.shape)) for w in ws))  # noqa: E731
-    return {"trainable": count(model.trainable_weights), "frozen": count(model.non_trainable_weights)}
+    from labkit.models.cifar import count_params
+    return {"trainable": count_params(model.trainable_weights), "frozen": count_params(model.non_trainable_weights)}
 
 
 def feature_extractor(model):
@@ -269,14 +269,21 @@ def make_strategy(strategy: str, base, classes: int, *, lr: float = 0.01, transf
     finetune: everything trainable at lr / transfer_lr_drop, the new head at head_factors times that
     scratch:  the same architecture, fresh random weights, everything at lr
     """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+    for name, value in (("lr", lr), ("transfer_lr_drop", transfer_lr_drop)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+    if head_factors is not None and not isinstance(head_factors, dict):
+        raise ValueError(f"head_factors must be a dict {{'kernel': f, 'bias': f}}; got {head_factors!r}")
     head_factors = dict(SEED001_HEAD_FACTORS if head_factors is None else head_factors)
+    for key, value in head_factors.items():
+        _check_factor(f"{HEAD}/{key}", value)
     config.set_seed(seed)
     if strategy == "scratch":
         # the transfer network's architecture with fresh random weights (clone_model re-initialises)
         model = tf.keras.models.clone_model(transfer_model(base, classes))
         return model, tf.keras.optimizers.SGD(lr, momentum=momentum)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
     model = transfer_model(base, classes, freeze_base=strategy == "frozen")
     optimizer = sgd_with_lr_factors(model, {HEAD: head_factors}, learning_rate=lr / transfer_lr_drop,
                                     momentum=momentum)

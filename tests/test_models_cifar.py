@@ -110,6 +110,13 @@ def test_small_cnn_by_hand_and_registered():
     assert m.layers[-1].activation.__name__ == "softmax"
 
 
-def test_small_cnn_refuses_too_small_an_input():
-    with pytest.raises(ValueError, match="input_shape"):
-        labkit.models.get("small_cnn", input_shape=(2, 2, 3))
+
+
+@pytest.mark.parametrize("name, kwargs, side, minimum", [
+    ("seed000", {}, 6, 7), ("seed000", {"pool_size": 2}, 3, 4), ("seed002", {}, 3, 4), ("small_cnn", {}, 3, 4)])
+def test_too_small_an_input_names_input_shape_and_the_minimum(name, kwargs, side, minimum):
+    with pytest.raises(ValueError, match=f"input_shape must be at least {minimum}x{minimum}"):
+        labkit.models.get(name, input_shape=(side, side, 3), **kwargs)
+    # the minimum itself builds (the oracle: Keras accepts it and gives 10 probabilities)
+    m = labkit.models.get(name, input_shape=(minimum, minimum, 3), **kwargs)
+    assert m.output_shape == (None, 10)

@@ -103,3 +103,20 @@ def test_without_rejects_unknown_layers():
 
     with pytest.raises(ValueError, match="without"):
         imagenet.alexnet(without=("conv1",))
+
+
+def test_alexnet_lrn_is_the_papers_formula_by_tensorflow():
+    # one LRN layer in labkit (cifar.CrossChannelNormalization, MATLAB's alpha / window convention);
+    # AlexNet's norm layers must compute Krizhevsky 2012's n=5, k=2, alpha=1e-4, beta=0.75, and
+    # tf.nn.local_response_normalization (alpha not divided by n) is the oracle
+    import numpy as np
+    import tensorflow as tf
+
+    from labkit.models import cifar
+    model = labkit.models.get("alexnet_grouped")  # the 2012 paper's network, with its two norm layers
+    x = tf.constant(np.random.default_rng(0).normal(0, 30, size=(2, 5, 5, 12)).astype("float32"))
+    want = tf.nn.local_response_normalization(x, depth_radius=2, bias=2.0, alpha=1e-4, beta=0.75).numpy()
+    for name in ("norm1", "norm2"):
+        layer = model.get_layer(name)
+        assert isinstance(layer, cifar.CrossChannelNormalization)
+        np.testing.assert_allclose(layer(x).numpy(), want, rtol=1e-5)

@@ -188,3 +188,26 @@ def test_measure_factors_reports_the_factors():
     assert ratios["d1/kernel:0"] == 0.0
     np.testing.assert_allclose([ratios["d1/bias:0"], ratios["d2/kernel:0"], ratios["d2/bias:0"]], [2, 5, 5],
                                rtol=1e-3)
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"lr": 0}, "lr"), ({"transfer_lr_drop": -1}, "transfer_lr_drop"),
+    ({"head_factors": {"kernel": -1}}, "factor"), ({"head_factors": 10}, "head_factors"),
+    ({"strategy": "distill"}, "strategy")])
+def test_make_strategy_bad_input_before_any_model_is_built(kwargs, word, monkeypatch):
+    def no_build(*a, **k):
+        raise AssertionError("a model was built before the arguments were checked")
+
+    monkeypatch.setattr(transfer, "transfer_model", no_build)
+    args = {"strategy": "frozen", **kwargs}
+    with pytest.raises(ValueError, match=word):
+        transfer.make_strategy(args.pop("strategy"), None, 5, **args)
+
+
+def test_param_counts_by_hand():
+    m = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(3),
+                             tf.keras.layers.BatchNormalization()])
+    # dense 4*3+3 = 15, BN gamma+beta 6 trainable, moving mean+variance 6 not
+    assert transfer.param_counts(m) == {"trainable": 21, "frozen": 6}
+    transfer.freeze(m)
+    assert transfer.param_counts(m) == {"trainable": 0, "frozen": 27}

@@ -26,10 +26,12 @@ def _check_int(name, value, minimum=1):
         raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
 
 
-def _check_shape(input_shape):
+def _check_shape(input_shape, minimum=1, name="this network"):
     shape = CIFAR_SHAPE if input_shape is None else tuple(input_shape)
     if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
         raise ValueError(f"input_shape must be (height, width, channels) of positive ints; got {input_shape!r}")
+    if min(shape[:2]) < minimum:
+        raise ValueError(f"input_shape must be at least {minimum}x{minimum} for {name}; got {input_shape!r}")
     return shape
 
 
@@ -116,17 +118,14 @@ def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10):
     return tf.keras.Model(inputs, outputs, name=f"seed002_w{width}_d{block_depth}")
 
 
-# seed 000's 16 sweep configurations, in the white paper's order of parameters
 def small_cnn(input_shape=CIFAR_SHAPE, classes=10, width=16):
     """The Horovod lab's default model: conv(3x3, w)-ReLU-pool, conv(3x3, 2w)-ReLU-pool, dense, softmax.
 
     About 30k parameters at 32x32: small enough that one CPU step is milliseconds. (04_horovod_scaling)
     """
-    shape = _check_shape(input_shape)
+    shape = _check_shape(input_shape, 4, "small_cnn's two 2x2 pools")
     _check_int("width", width)
     _check_int("classes", classes)
-    if min(shape[:2]) < 4:
-        raise ValueError(f"input_shape must be at least 4x4 for small_cnn's two 2x2 pools; got {input_shape!r}")
     L = tf.keras.layers
     return tf.keras.Sequential([
         L.Input(shape=shape),
@@ -139,23 +138,34 @@ def small_cnn(input_shape=CIFAR_SHAPE, classes=10, width=16):
     ], name="small_cnn")
 
 
+# seed 000's 16 sweep configurations, in the white paper's order of parameters
 SEED000_SWEEP = [
     {"filters": f, "filter_size": k, "pool_size": p, "extra_conv": e}
     for f, k, p, e in itertools.product((20, 32), (5, 3), (3, 2), (False, True))
 ]
 
 
+def count_params(weights) -> int:
+    """Number of scalars in a list of weights (model.trainable_weights, non_trainable_weights, ...)."""
+    return int(sum(int(tf.size(w)) for w in weights))
+
+
 def memory_footprint(model) -> int:
     """Seed 000's memory footprint: 4 bytes (single precision) x learnable parameters, in bytes."""
-    return 4 * int(sum(int(tf.size(w)) for w in model.trainable_weights))
+    return 4 * count_params(model.trainable_weights)
 
 
 def _seed000_builder(input_shape=None, classes=10, **kwargs):
-    return seed000_net(input_shape=_check_shape(input_shape), classes=classes, **kwargs)
+    p = kwargs.get("pool_size", 3)
+    # two p x p pools of stride 2 without padding: the second needs p rows, so the input needs 3p - 2
+    minimum = 3 * p - 2 if isinstance(p, int) and not isinstance(p, bool) and p >= 1 else 1
+    shape = _check_shape(input_shape, minimum, f"seed000 with pool_size={p}")
+    return seed000_net(input_shape=shape, classes=classes, **kwargs)
 
 
 def _seed002_builder(input_shape=None, classes=10, **kwargs):
-    return seed002_net(input_shape=_check_shape(input_shape), classes=classes, **kwargs)
+    return seed002_net(input_shape=_check_shape(input_shape, 4, "seed002's two 2x2 pools"), classes=classes,
+                       **kwargs)
 
 
 def _small_cnn_builder(input_shape=None, classes=10, **kwargs):

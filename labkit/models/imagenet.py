@@ -25,24 +25,14 @@ layers = tf.keras.layers
 DEFAULT_SIZE = 224
 
 
-class LocalResponseNormalization(layers.Layer):
-    """Krizhevsky 2012's cross-channel normalisation, b = a / (bias + alpha * sum_window a^2)^beta."""
+def _alexnet_lrn(name):
+    """Krizhevsky 2012's normalisation, b = a / (2 + 1e-4 * sum over 5 channels of a^2)^0.75.
 
-    def __init__(self, depth_radius=2, bias=2.0, alpha=1e-4, beta=0.75, **kwargs):
-        super().__init__(**kwargs)
-        # the paper: n=5 (depth_radius 2), k=2, alpha=1e-4, beta=0.75; tf.nn.lrn's alpha is not divided by n
-        self.depth_radius, self.bias, self.alpha, self.beta = depth_radius, bias, alpha, beta
-
-    def call(self, inputs):
-        return tf.nn.local_response_normalization(
-            inputs, depth_radius=self.depth_radius, bias=self.bias, alpha=self.alpha, beta=self.beta)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        return {**super().get_config(), "depth_radius": self.depth_radius, "bias": self.bias,
-                "alpha": self.alpha, "beta": self.beta}
+    The one LRN layer is labkit.models.cifar's CrossChannelNormalization, in MATLAB's convention (alpha is
+    divided by the window), so the paper's alpha x 5 is passed.
+    """
+    from labkit.models.cifar import CrossChannelNormalization
+    return CrossChannelNormalization(window=5, alpha=5 * 1e-4, beta=0.75, k=2.0, name=name)
 
 
 def _input_shape(input_shape, default_size):
@@ -126,10 +116,10 @@ def alexnet_grouped(input_shape=None, classes=1000, without=()):
     def build():
         inputs = layers.Input(shape, name="input")
         x = layers.Conv2D(96, 11, strides=4, activation="relu", name="conv1")(inputs)
-        x = LocalResponseNormalization(name="norm1")(x)
+        x = _alexnet_lrn("norm1")(x)
         x = layers.MaxPooling2D(3, strides=2, name="pool1")(x)
         x = layers.Conv2D(256, 5, padding="same", groups=2, activation="relu", name="conv2")(x)
-        x = LocalResponseNormalization(name="norm2")(x)
+        x = _alexnet_lrn("norm2")(x)
         x = layers.MaxPooling2D(3, strides=2, name="pool2")(x)
         for name, filters, groups in (("conv3", 384, 1), ("conv4", 384, 2), ("conv5", 256, 2)):
             if name not in without:
