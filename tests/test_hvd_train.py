@@ -58,3 +58,12 @@ def test_one_rank_trains_and_writes_its_result(tmp_path):
     assert r["size"] == 1 and r["model"] == "small_cnn" and r["data"] == "synthetic"
     assert len(r["step_times_s"]) == 4 and len(r["images_per_sec_repeats"]) == 2
     assert all(v == v and v > 0 for v in r["loss_local"])  # finite, positive cross-entropy
+
+
+@pytest.mark.parametrize("argv, word", [(["--peer", "/nonexistent/peer.py"], "--peer"),
+                                        (["--rounds", "0"], "--rounds"), (["--variant", "noequals"], "--variant")])
+def test_peer_bench_bad_input_one_line_exit_2(argv, word):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_hvd_peer.py"), *argv],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and word in proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr
