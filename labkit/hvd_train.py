@@ -11,8 +11,14 @@ and a checksum of its final weights. Equal checksums on all ranks are the proof 
 Rank 0 alone prints progress, writes the log and the checkpoint. Warm-up steps (graph tracing, first
 allocations) are run but never timed.
 
+A leaf script: no labkit module imports it. The model comes from labkit.models (default small_cnn), the
+data from labkit.data (its synthetic set, sharded by make_dataset; or, with `--data random`, one fixed
+random batch at any size, as Horovod's own synthetic benchmark feeds ResNet-50), the LR schedule
+(training.warmup_lr) and the step (training.make_train_step, wrapped in hvd.DistributedGradientTape) from
+labkit.training, the thread limits from labkit.machine.
+
 `--bench-allreduce` instead times `hvd.allreduce` over message sizes, to calibrate the ring-allreduce
-cost model in labkit.scaling. (04_horovod_scaling)
+cost model in labkit.allreduce. (04_horovod_scaling)
 """
 from __future__ import annotations
 
