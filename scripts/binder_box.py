@@ -10,7 +10,9 @@ root. This process moves itself into the group, so the notebook kernel it starts
 horovodrun's ranks) is inside; a process that allocates past the limit is killed by the kernel's OOM
 killer (exit 137), as on Binder. The honest peak is the group's own high-water mark (v1
 memory.max_usage_in_bytes, v2 memory.peak): every page charged to the box, this runner's own included
-(Binder's box holds the Jupyter server too). The RSS/PSS columns are refresh_notebooks' samples of the
+(Binder's box holds the Jupyter server too). Pages of shared libraries that a process outside the
+box loaded first are charged outside it, so on a busy machine the box peak can read below PSS: take the
+larger. The RSS/PSS columns are refresh_notebooks' samples of the
 kernel's process tree. The group is removed on every path (success, error, Ctrl-C).
 """
 from __future__ import annotations
