@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from labkit import launch
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "vcluster.sh"
 RESULTS = ROOT / "notebooks" / "results" / "vcluster.json"
@@ -134,8 +136,8 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
     cmd = ["bash", str(SCRIPT), "exec", f"{PREFIX}1", str(venv_bin / "horovodrun"), "--gloo", "-np", str(np_),
            "-H", hosts, "--network-interface", "eth0",
            str(venv_bin / "python"), "-m", module, "--out", str(out), *map(str, rank_args)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-               PATH=f"{venv_bin}:{os.environ.get('PATH', '')}:/usr/sbin:/sbin", **(env_extra or {}))
+    # the launcher's allow-listed environment: no JUPYTER_TOKEN or other secret reaches a rank or `ps`
+    env = launch.child_env({"PATH": f"{venv_bin}:{os.environ.get('PATH', '')}:/usr/sbin:/sbin", **(env_extra or {})})
     before, t0 = link_bytes(), time.perf_counter()
     try:
         res = _run_group(cmd, timeout, env)
@@ -157,7 +159,7 @@ def tfdist_run(np_: int = 2, model="seed002", batch_size=4, steps=12, port=23456
         raise RuntimeError(f"need a virtual cluster of {np_} nodes: scripts/vcluster.sh up --nodes {np_}")
     out = Path(tempfile.mkdtemp(prefix="labkit-tfd-"))
     workers = ",".join(f"{PREFIX}{i + 1}:{port}" for i in range(np_))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"))
+    env = launch.child_env()
     before, t0, procs = link_bytes(), time.perf_counter(), []
     try:
         for i in range(np_):
