@@ -55,9 +55,11 @@ def seed002_options(profile: str | None = None, num_gpus: int = 1) -> dict:
     opts = dict(SEED002)
     opts["batch_size"] = 256 * num_gpus
     opts["lr"] = scaled_lr(0.1, opts["batch_size"], base_batch_size=256)
+    opts["bn_momentum"] = 0.99  # Keras's default; the workshop's ~120 steps need faster-moving test statistics
     opts.update(config.by_profile(
         quick={"epochs": 0, "drop_period": 1, "n_train": 0, "n_test": 0, "batch_size": 100, "lr": 0.05},
-        workshop={"epochs": 2, "drop_period": 2, "n_train": 3000, "n_test": 1000, "batch_size": 100, "lr": 0.05},
+        workshop={"epochs": 4, "drop_period": 4, "n_train": 3000, "n_test": 1000, "batch_size": 100, "lr": 0.05,
+                  "bn_momentum": 0.9},
         full={"n_train": 50000, "n_test": 10000},
         smoke={"epochs": 1, "drop_period": 1, "n_train": 512, "n_test": 256}, name=profile))
     return opts
@@ -73,12 +75,10 @@ def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int = 256) -> fl
 
 
 def warmup_lr(step, lr: float, scale: float = 1.0, warmup_steps: int = 0):
-    """Goyal et al. 2017's rule: the LR ramps linearly from lr to lr x scale over warmup_steps, then stays.
+    """Goyal et al. 2017: the LR ramps linearly from lr to lr x scale over warmup_steps, then stays there.
 
-    warmup_steps=0 applies lr x scale from the first step (the "no warmup" baseline). `step` may be a
-    Python number or a tensor (an optimizer's iteration counter inside a graph). The one warmup schedule:
-    hvd_train, large_batch and WarmupLR use it. (04_horovod_scaling)
-    """
+    warmup_steps=0: lr x scale from the first step. `step`: a number or a tensor (an optimizer's iteration
+    counter). The one warmup schedule (hvd_train, large_batch, WarmupLR). (04_horovod_scaling)"""
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
         raise ValueError(f"lr must be > 0; got {lr!r}")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 1:
@@ -87,10 +87,8 @@ def warmup_lr(step, lr: float, scale: float = 1.0, warmup_steps: int = 0):
         raise ValueError(f"warmup_steps must be an int >= 0; got {warmup_steps!r}")
     if warmup_steps == 0:
         return lr * scale
-    if isinstance(step, (int, float, np.number)):
-        frac = min(1.0, float(step) / warmup_steps)
-    else:  # a tensor
-        frac = tf.minimum(1.0, tf.cast(step, tf.float32) / float(warmup_steps))
+    frac = min(1.0, float(step) / warmup_steps) if isinstance(step, (int, float, np.number)) else \
+        tf.minimum(1.0, tf.cast(step, tf.float32) / float(warmup_steps))  # a tensor
     return lr * (1.0 + (scale - 1.0) * frac)
 
 
@@ -110,12 +108,10 @@ class WarmupLR(tf.keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_train_step(model, optimizer, loss_fn, tape_wrapper=None, *, jit_compile=None):
-    """The one training step, a tf.function: forward, loss, gradients, optimizer update; returns the loss.
+    """The one training step, a tf.function (forward, loss, gradients, update) returning the loss.
 
-    tape_wrapper wraps the GradientTape before the gradients are taken: hvd_train passes
-    hvd.DistributedGradientTape, which averages them over all ranks (ring allreduce). jit_compile is
-    tf.function's (None: TensorFlow's default). (04_horovod_scaling)
-    """
+    tape_wrapper wraps the GradientTape: hvd_train passes hvd.DistributedGradientTape (gradients averaged
+    over all ranks). jit_compile: tf.function's (None: TensorFlow's default). (04_horovod_scaling)"""
     if tape_wrapper is not None and not callable(tape_wrapper):
         raise TypeError(f"tape_wrapper must be callable (e.g. hvd.DistributedGradientTape); got {tape_wrapper!r}")
     variables = model.trainable_variables
