@@ -191,3 +191,16 @@ def test_cli_sigkill_leaves_no_tensorflow_worker(tmp_path):
         left = [p for p in left if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         time.sleep(0.2)
     assert left == []
+
+
+def test_conv_block_net_bn_momentum_option():
+    # 01's short workshop run needs faster-moving BatchNorm statistics; the default stays Keras's 0.99
+    from labkit import training
+    from labkit.models.cifar import seed002_net
+
+    moms = lambda m: {l.momentum for l in m.layers if l.__class__.__name__ == "BatchNormalization"}
+    assert moms(seed002_net(width=4, block_depth=1)) == {0.99}
+    assert moms(seed002_net(width=4, block_depth=1, bn_momentum=0.9)) == {0.9}
+    assert training.seed002_options("full")["bn_momentum"] == 0.99
+    with pytest.raises(ValueError, match="^bn_momentum must be"):
+        seed002_net(bn_momentum=1.0)

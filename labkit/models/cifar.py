@@ -94,8 +94,15 @@ def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_
     return tf.keras.Model(inputs, outputs, name=name)
 
 
-def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10):
-    """Seed 002's conv-block network: 3 stages of block_depth x (3x3 conv, BN, ReLU) (01_cnn_basics)."""
+def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10, bn_momentum=0.99):
+    """Seed 002's conv-block network: 3 stages of block_depth x (3x3 conv, BN, ReLU).
+
+    bn_momentum: Keras's BatchNormalization momentum for the moving statistics used at test time (0.99, Keras's
+    default, needs several hundred steps to forget its initial values; a run of ~100 steps needs ~0.9).
+    (01_cnn_basics)
+    """
+    if isinstance(bn_momentum, bool) or not isinstance(bn_momentum, (int, float)) or not 0 <= bn_momentum < 1:
+        raise ValueError(f"bn_momentum must be a fraction in [0, 1); got {bn_momentum!r}")
     _check_int("width", width)
     _check_int("block_depth", block_depth)
     _check_int("classes", classes)
@@ -108,7 +115,7 @@ def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10):
             x = L.MaxPooling2D(2, strides=2, name=f"pool{stage - 1}")(x)
         for i in range(1, block_depth + 1):
             x = L.Conv2D(mult * width, 3, padding="same", name=f"conv{stage}_{i}")(x)
-            x = L.BatchNormalization(name=f"bn{stage}_{i}")(x)
+            x = L.BatchNormalization(momentum=bn_momentum, name=f"bn{stage}_{i}")(x)
             x = L.ReLU(name=f"relu{stage}_{i}")(x)
     # MATLAB's averagePooling2dLayer(8): on a 32x32 input the last stage is 8x8, so this is a global average
     x = L.AveragePooling2D(8, name="avgpool")(x) if x.shape[1] == 8 == x.shape[2] else L.GlobalAveragePooling2D(
