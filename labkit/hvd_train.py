@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported)
-from labkit.rankstats import weights_checksum  # noqa: F401  (linkbench and tfdist_train import it from here
-#                                                 until they take it from labkit.training)
 
 PROGRESS_TAG = "LABKIT_PROGRESS"  # rank 0's progress lines, parsed by labkit.scaling.run
 DEFAULT_MODEL = "small_cnn"

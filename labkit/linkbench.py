@@ -80,10 +80,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
     import horovod.tensorflow as hvd
     from labkit import models
-    try:  # the per-rank helpers' planned home; until they move there, the rank script's copy
-        from labkit.training import weights_checksum as checksum
-    except ImportError:
-        from labkit.hvd_train import weights_checksum as checksum
+    from labkit.training import weights_checksum as checksum
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)

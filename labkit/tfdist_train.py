@@ -43,10 +43,7 @@ def main(argv=None) -> int:
     import numpy as np
     import tensorflow as tf
     from labkit import models
-    try:
-        from labkit.training import weights_checksum as checksum
-    except ImportError:
-        from labkit.hvd_train import weights_checksum as checksum
+    from labkit.training import weights_checksum as checksum
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     # --- the distributed part: a strategy, variables created in its scope, steps through strategy.run

@@ -26,9 +26,7 @@ def test_no_labkit_module_imports_hvd_train():
                 importers.append(str(path.relative_to(ROOT)))
             elif isinstance(node, ast.Import) and any(a.name == "labkit.hvd_train" for a in node.names):
                 importers.append(str(path.relative_to(ROOT)))
-    # linkbench and tfdist_train still take weights_checksum from here (their owner moves them to
-    # labkit.training); nothing else may import the script
-    assert set(importers) <= {"labkit/linkbench.py", "labkit/tfdist_train.py"}, importers
+    assert importers == [], importers
 
 
 def test_arguments_parse():
