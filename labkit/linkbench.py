@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
     import horovod.tensorflow as hvd
     from labkit import models
+    from labkit import training
     from labkit.training import weights_checksum as checksum
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -95,17 +96,11 @@ def main(argv=None) -> int:
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)  # labkit models end in softmax
     wrappers = {"compute": None, "sync": hvd.Compression.none, "sync_fp16": hvd.Compression.fp16}
 
-    def make_step(compression):
-        @tf.function
-        def step():
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            if compression is not None:
-                tape = hvd.DistributedGradientTape(tape, compression=compression)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-        return step
+    def make_step(compression):  # the one train step; sync variants wrap its tape in Horovod's
+        wrap = None if compression is None else \
+            (lambda tape: hvd.DistributedGradientTape(tape, compression=compression))
+        step = training.make_train_step(model, opt, loss_fn, tape_wrapper=wrap)
+        return lambda: step(x, y)
 
     variants = args.variants.split(",")
     steps = {v: make_step(wrappers[v]) for v in variants}
