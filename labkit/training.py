@@ -58,7 +58,7 @@ def seed002_options(profile: str | None = None, num_gpus: int = 1) -> dict:
     opts["bn_momentum"] = 0.99  # Keras's default; the workshop's ~120 steps need faster-moving test statistics
     opts.update(config.by_profile(
         quick={"epochs": 0, "drop_period": 1, "n_train": 0, "n_test": 0, "batch_size": 100, "lr": 0.05},
-        workshop={"epochs": 4, "drop_period": 4, "n_train": 3000, "n_test": 1000, "batch_size": 100, "lr": 0.05,
+        workshop={"epochs": 4, "drop_period": 3, "n_train": 3000, "n_test": 1000, "batch_size": 100, "lr": 0.05,
                   "bn_momentum": 0.9},
         full={"n_train": 50000, "n_test": 10000},
         smoke={"epochs": 1, "drop_period": 1, "n_train": 512, "n_test": 256}, name=profile))
@@ -111,18 +111,20 @@ def make_train_step(model, optimizer, loss_fn, tape_wrapper=None, *, jit_compile
     """The one training step, a tf.function (forward, loss, gradients, update) returning the loss.
 
     tape_wrapper wraps the GradientTape: hvd_train passes hvd.DistributedGradientTape (gradients averaged
-    over all ranks). jit_compile: tf.function's (None: TensorFlow's default). (04_horovod_scaling)"""
+    over all ranks). A LossScaleOptimizer (mixed precision, labkit.gpu.loss_scaled) gets its loss scaled and
+    its gradients unscaled. jit_compile: tf.function's (None: TensorFlow's default). (04_horovod_scaling)"""
     if tape_wrapper is not None and not callable(tape_wrapper):
         raise TypeError(f"tape_wrapper must be callable (e.g. hvd.DistributedGradientTape); got {tape_wrapper!r}")
-    variables = model.trainable_variables
+    variables, scaling = model.trainable_variables, isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
 
     def step(x, y):
         with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
+            loss = loss_fn(y, tf.cast(model(x, training=True), tf.float32))  # float16 outputs under mixed precision
+            scaled = optimizer.get_scaled_loss(loss) if scaling else loss
         if tape_wrapper is not None:
             tape = tape_wrapper(tape)
-        grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, variables))
+        grads = tape.gradient(scaled, variables)
+        optimizer.apply_gradients(zip(optimizer.get_unscaled_gradients(grads) if scaling else grads, variables))
         return loss
 
     return tf.function(step, jit_compile=jit_compile)
