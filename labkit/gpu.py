@@ -67,27 +67,6 @@ def loss_scaled(optimizer):
     return optimizer
 
 
-def train_step(model, optimizer, loss_fn):
-    """A tf.function step(x, y) -> loss that scales the loss and unscales the gradients when the optimizer is
-    a LossScaleOptimizer (mixed precision), and is the plain step otherwise. (04_horovod_scaling)"""
-    import tensorflow as tf
-
-    scaling = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, tf.cast(model(x, training=True), tf.float32))
-            scaled = optimizer.get_scaled_loss(loss) if scaling else loss
-        grads = tape.gradient(scaled, model.trainable_variables)
-        if scaling:
-            grads = optimizer.get_unscaled_gradients(grads)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return step
-
-
 def images_per_sec(build_model, batch_size: int, steps: int, *, mixed: bool = False, warmup_steps: int = 1,
                    image_shape=(32, 32, 3), classes: int = 10, seed: int = 0) -> dict:
     """Train build_model() in this process on random images for warmup_steps + steps and time the steps;
@@ -96,16 +75,15 @@ def images_per_sec(build_model, batch_size: int, steps: int, *, mixed: bool = Fa
     for name, value in (("batch_size", batch_size), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int; got {value!r}")
-    import numpy as np
     import tensorflow as tf
+
+    from labkit import data, training
 
     with mixed_precision(mixed):
         model = build_model()
         optimizer = loss_scaled(tf.keras.optimizers.SGD(0.01, momentum=0.9))
-        step = train_step(model, optimizer, tf.keras.losses.SparseCategoricalCrossentropy())
-        rng = np.random.default_rng(seed)
-        x = tf.constant(rng.random((batch_size, *image_shape), dtype=np.float32))
-        y = tf.constant(rng.integers(0, classes, batch_size))
+        step = training.make_train_step(model, optimizer, tf.keras.losses.SparseCategoricalCrossentropy())
+        x, y = map(tf.constant, data.random_batch(batch_size, image_shape[0], classes, seed))
         for _ in range(warmup_steps):
             float(step(x, y))
         start = time.perf_counter()
