@@ -195,7 +195,9 @@ def train(args) -> dict:
     import numpy as np
     # metric averaging: one allreduce of the whole loss history at the end, not one per step
     loss_avg = hvd.allreduce(tf.constant(losses, tf.float32), op=hvd.Average).numpy()
-    weights = [v.numpy() for v in model.weights]
+    # what the optimizer trains: BatchNorm's moving mean/variance follow each rank's own shard (Horovod does
+    # not average them), so they differ across ranks even when every trained weight agrees
+    weights = [v.numpy() for v in model.trainable_weights]
     result = {
         "rank": rank, "size": size, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
         "host": os.uname().nodename, "pid": os.getpid(), "threads": threads, "gpus_visible": n_gpus,

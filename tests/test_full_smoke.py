@@ -29,11 +29,7 @@ class WorkersOutOfSync(AssertionError):
     """04's check that every worker ends with the same weights failed."""
 
 
-# seed002 (the full profile's model in 04) has BatchNormalization: each worker's moving mean/variance follow
-# its own shard, so a checksum over model.weights differs across workers although the trained weights agree.
-# Fix in labkit/hvd_train.py: checksum model.trainable_weights (or average the moving statistics).
-KNOWN = {"04_horovod_scaling": pytest.mark.xfail(raises=WorkersOutOfSync, strict=True, reason=(
-    "hvd_train checksums BatchNorm moving statistics, which are per worker"))}
+KNOWN: dict = {}  # notebook stem -> a pytest mark for a known failure (none today)
 
 
 def write_cifar_layout(root: Path, images, labels, test_images, test_labels) -> dict:
