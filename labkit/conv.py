@@ -21,35 +21,12 @@ import threading
 import numpy as np
 
 from labkit.conv_geometry import (  # noqa: F401  (conv.geometry, conv.ConvGeometry: part of this API)
-    PADDING_HELP, ConvGeometry, _as_float_array, _check_conv_args, _check_not_empty, _check_rank4, geometry)
+    CHUNK_BYTES, MIN_CHUNK_ROWS, PADDING_HELP, ConvGeometry, _as_float_array, _check_chunk_size, _check_conv_args,
+    _check_not_empty, _check_rank4, geometry)
 
-# chunk_size="auto": as many im2col rows as fit in CHUNK_BYTES, but at least MIN_CHUNK_ROWS. A 2 MiB buffer
-# stays in cache while it is written and read back by the GEMM; 1024+ rows keep the GEMM near its full rate
-# when the weight matrix is large (every GEMM packs all of it again). Measured single-core by CPU time on
-# ResNet-50's 3x3 layers (labkit conv-bench --threads 1 --cpu-time): 2 MiB was as fast as 4 MiB or faster
-# on every layer; the chunk-size sweep in 02_im2col shows the trade-off.
-CHUNK_BYTES = 2 * 2**20
-MIN_CHUNK_ROWS = 1024
 # with threads=None, worker threads are used only when each gets at least this many rows; smaller
 # problems run as one GEMM on BLAS's own threads (splitting a short matrix only repeats B's packing)
 PARALLEL_MIN_ROWS = 512
-
-
-def _check_chunk_size(chunk_size, g: ConvGeometry, dtype):
-    """chunk_size as rows of the im2col matrix per GEMM, or None for the whole matrix."""
-    if chunk_size is None:
-        return None
-    if isinstance(chunk_size, str):
-        if chunk_size != "auto":
-            raise ValueError(f"chunk_size must be 'auto', an int >= 1 or None; got {chunk_size!r}")
-        k = g.kh * g.kw * g.c
-        return max(MIN_CHUNK_ROWS, CHUNK_BYTES // (k * np.dtype(dtype).itemsize))
-    if isinstance(chunk_size, (bool, np.bool_)) or not isinstance(chunk_size, (int, np.integer)):
-        raise TypeError(f"chunk_size must be 'auto', an int (rows of the im2col matrix per GEMM) or None; "
-                        f"got {chunk_size!r}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1 (or None for one GEMM over the whole batch); got {chunk_size!r}")
-    return int(chunk_size)
 
 
 # ----------------------------------------------------------------------------------------------------

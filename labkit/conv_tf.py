@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from labkit.conv_geometry import ConvGeometry, _check_conv_args
+from labkit.conv_geometry import ConvGeometry, _as_float_array, _check_chunk_size, _check_conv_args
 
 # an unrolled graph with more chunks than this takes long to trace: larger inputs get larger chunks
 MAX_CHUNKS = 256
@@ -92,14 +92,12 @@ def conv2d(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_size="au
     """
     import tensorflow as tf
 
-    from labkit import conv
-
     xs, ws, g, dtype = _check_conv_args(_shape_of(x), _shape_of(w), strides, padding, dilations)
-    rows = conv._check_chunk_size(chunk_size, g, dtype)
+    rows = _check_chunk_size(chunk_size, g, dtype)
     c_out = ws.shape[3]
     out_dtype = np.result_type(xs.dtype, ws.dtype)
     if b is not None:
-        bs = conv._as_float_array(_shape_of(b), "b")
+        bs = _as_float_array(_shape_of(b), "b")
         out_dtype = np.result_type(out_dtype, bs.dtype)
         if bs.shape != (c_out,):
             raise ValueError(f"b must have shape ({c_out},) (one bias per output channel); got {bs.shape}")
