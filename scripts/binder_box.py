@@ -221,6 +221,8 @@ def main(argv=None) -> int:
     if missing:
         print(f"binder_box: notebooks: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so the box's cgroup is removed on that path too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with box:
         print(f"box: {memory / GiB:.2f} GiB memory, {args.cpus} CPUs, cgroup {'v1' if box.v1 else 'v2'} "
               f"({box.name})", flush=True)
