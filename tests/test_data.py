@@ -359,7 +359,8 @@ def test_cli_fetch_reports_corrupt_download(isolated, monkeypatch, capsys):
     assert "MD5" in capsys.readouterr().err
 
 
-def test_cli_fetch_stages_data(isolated, monkeypatch, capsys):
+def _serve_archive(isolated, monkeypatch):
+    """A fixture archive 'downloaded' by a stand-in for Keras' get_file, with its MD5 as the official one."""
     _, _, archive = _only_archive(isolated, name="server", monkeypatch=monkeypatch)
     import tensorflow as tf
 
@@ -370,6 +371,10 @@ def test_cli_fetch_stages_data(isolated, monkeypatch, capsys):
 
     monkeypatch.setattr(tf.keras.utils, "get_file", fake_get_file)
     monkeypatch.setattr(cifar10, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+
+
+def test_cli_fetch_stages_data(isolated, monkeypatch, capsys):
+    _serve_archive(isolated, monkeypatch)
     assert data.cli_main(["fetch", "cifar10", "--dir", str(isolated / "d")]) == 0
     assert "export LABKIT_DATA=" in capsys.readouterr().out
     assert data.find_cifar10(isolated / "d") is not None
@@ -477,16 +482,7 @@ def test_cifar10_problem_is_none_for_trusted_files(isolated, monkeypatch):
 
 
 def test_cli_fetch_force_replaces_a_corrupt_copy(isolated, monkeypatch, capsys):
-    _, _, archive = _only_archive(isolated, name="server", monkeypatch=monkeypatch)
-    import tensorflow as tf
-
-    def fake_get_file(fname, origin, file_hash, hash_algorithm, cache_dir, cache_subdir):
-        dest = Path(cache_dir) / fname
-        dest.write_bytes(archive.read_bytes())
-        return str(dest)
-
-    monkeypatch.setattr(tf.keras.utils, "get_file", fake_get_file)
-    monkeypatch.setattr(cifar10, "CIFAR10_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
+    _serve_archive(isolated, monkeypatch)
     target = isolated / "d"
     assert data.cli_main(["fetch", "cifar10", "--dir", str(target)]) == 0
     batch = target / data.CIFAR10_DIRNAME / "data_batch_4"
