@@ -136,13 +136,6 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
 
 
-def test_cli_help_does_not_import_tensorflow():
-    code = ("import sys\nfrom labkit import cli\ntry:\n    cli.main(['exercises', '--help'])\nexcept SystemExit:\n"
-            "    pass\nassert 'tensorflow' not in sys.modules, 'TensorFlow imported'\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0 and "build" in out.stdout, out.stderr
-
-
 @pytest.mark.slow
 def test_learner_edition_runs_top_to_bottom_in_quick(tmp_path, monkeypatch, capsys):
     """The expensive one: every notebook of the learner edition, executed with kernel `labkit`, no error."""

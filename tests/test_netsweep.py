@@ -106,14 +106,6 @@ def test_recommend_picks_smallest_front_network_within_tolerance():
 
 
 # ----------------------------------------------------------------------------- CLI
-def test_cli_help_does_not_import_tensorflow():
-    code = ("import sys\nfrom labkit import cli\ntry:\n    cli.main(['sweep', '--help'])\nexcept SystemExit as e:\n"
-            "    assert e.code == 0\nassert 'tensorflow' not in sys.modules, 'tensorflow imported'\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "--workers" in done.stdout and "--resume" in done.stdout
-
-
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         netsweep.cli_main(["--workers", "0"])
