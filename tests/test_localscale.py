@@ -1,0 +1,74 @@
+"""labkit.probe (the machine's parallel limit) and labkit.localscale (scaling on one machine, taken apart)."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from labkit import localscale, probe, scaling
+
+
+def test_gemm_probe_one_process_counts_real_flops():
+    one = probe.gemm_probe(1, seconds=0.3, n=128)
+    assert one["processes"] == 1 and one["speedup"] == pytest.approx(1.0)
+    # a single-thread float32 GEMM on any CPU of this century: between 0.1 and 1000 GFLOP/s
+    assert 0.1 < one["gflops_total"] < 1000
+
+
+def test_gemm_probe_against_a_given_base():
+    two = probe.gemm_probe(2, seconds=0.3, n=128, base=1.0)
+    assert len(two["gflops_each"]) == 2
+    assert two["speedup"] == pytest.approx(sum(two["gflops_each"]))
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+
+
+@pytest.mark.parametrize("kw, word", [({"processes": 0}, "processes"), ({"processes": 1, "seconds": 0}, "seconds"),
+                                      ({"processes": 1, "n": 4}, "n must")])
+def test_probe_bad_input_names_the_parameter(kw, word):
+    with pytest.raises(ValueError, match=word):
+        probe.gemm_rates(**kw)
+
+
+def _fake_run(step_ms):
+    """scaling.run stand-in: step_ms(np, sync, batch) -> step time; images/s from it, one row per np."""
+    def run(nps, *, sync=True, batch_size=64, **kw):
+        rows = []
+        for n in nps:
+            t = step_ms(n, sync, batch_size) / 1e3
+            rows.append({"np": n, "batch_size": batch_size, "global_batch_size": n * batch_size,
+                         "images_per_sec": n * batch_size / t, "images_per_sec_std": 0.0, "step_time_s": t,
+                         "in_sync": sync or n == 1, "ranks": [{}] * n})
+        return scaling.efficiency(pd.DataFrame(rows))
+    return run
+
+
+def test_decompose_takes_the_three_curves_apart(monkeypatch):
+    # compute 10 ms alone, 12 ms when two share the chip; the exchange adds 5 ms; GEMMs keep 0.95
+    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: (10 if n == 1 else 12) + (5 if sync and n > 1 else 0)))
+    monkeypatch.setattr(probe, "gemm_probe", lambda n, seconds, base=None: {
+        "gflops_total": 100.0 * n * (1 if n == 1 else 0.95), "speedup": n * (1 if n == 1 else 0.95),
+        "efficiency": 1 if n == 1 else 0.95})
+    table, hvd, free = localscale.decompose([2], steps=3)
+    assert list(table.workers) == [1, 2]  # one worker is always measured: the baseline
+    row = table.set_index("workers").loc[2]
+    assert row.no_sync_efficiency == pytest.approx(10 / 12)
+    assert row.horovod_efficiency == pytest.approx(10 / 17)
+    assert row.horovod_vs_machine == pytest.approx(10 / 17 / 0.95)
+    assert bool(row.in_sync) and not free.set_index("np").loc[2, "in_sync"]
+
+
+def test_exchange_cost_is_the_step_time_difference(monkeypatch):
+    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: b / 6.4 + (6 if sync else 0)))
+    cost = localscale.exchange_cost([64, 256])
+    assert cost.exchange_ms.tolist() == pytest.approx([6, 6])
+    assert cost.horovod_vs_no_sync.tolist() == pytest.approx([10 / 16, 40 / 46])
+
+
+@pytest.mark.parametrize("call, word", [
+    (lambda: localscale.decompose([0]), "workers"),
+    (lambda: localscale.decompose([2], threads=2), "threads"),
+    (lambda: localscale.exchange_cost([]), "batches"),
+    (lambda: localscale.exchange_cost([64], np_=1), "np_"),
+])
+def test_bad_input_names_the_parameter(call, word):
+    with pytest.raises(ValueError, match=word):
+        call()
