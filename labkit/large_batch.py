@@ -1,7 +1,7 @@
 """One worker, no Horovod: how batch size moves throughput, and how the LR must follow it (04_horovod_scaling).
 
 throughput_vs_batch: training images/s of one process for each batch size (the Chameleon slides' table, on
-this CPU). lr_scaling_curves: training loss against epochs for a small batch, a k-times larger batch at the
+this CPU). lr_scaling_curves: validation accuracy against epochs and time for a small batch, a k-times larger batch at the
 same LR, with the LR scaled k times (Goyal et al. 2017's linear rule) and with gradual warmup. The k*b batch
 is what k workers of b would average, computed at once in one process. (04_horovod_scaling)
 """
@@ -63,51 +63,68 @@ def throughput_vs_batch(batch_sizes=(1, 2, 4, 8, 16, 32, 64), *, model="small_cn
 
 
 def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1, num_examples=4096,
-                      data="synthetic", threads=None, seed=0, evals_per_epoch=4):
-    """Training loss vs epochs for: batch b at lr; batch k*b at lr (naive); at k*lr (linear scaling);
-    at k*lr with gradual warmup (Goyal et al.). One process: the k*b batch is what k workers of b would
-    average, computed at once (exact for SGD on the same examples). Returns a long DataFrame.
+                      num_val=1000, data="synthetic", threads=None, seed=0, evals_per_epoch=2):
+    """Validation accuracy (and training loss) against epochs and training time for: batch b at lr; batch
+    k*b at lr (no scaling); at k*lr (linear scaling); at k*lr with gradual warmup over warmup_epochs
+    (Goyal et al.). One process: the k*b batch is what k workers of b would average, computed at once
+    (exact for SGD on the same examples). The validation set (num_val images) is held out from training.
+    Returns a long DataFrame: config, epoch, train_s (training time so far, evaluations excluded), loss
+    (mean training loss since the last point), val_acc.
     """
     import pandas as pd
     from labkit import models
     from labkit import data as lkdata
     from labkit.training import warmup_lr
-    if k < 1 or batch_size < 1 or epochs < 1:
-        raise ValueError("k, batch_size and epochs must be >= 1")
+    for name, v in (("k", k), ("batch_size", batch_size), ("epochs", epochs), ("num_val", num_val),
+                    ("evals_per_epoch", evals_per_epoch)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {v!r}")
+    if not (isinstance(warmup_epochs, (int, float)) and 0 <= warmup_epochs <= epochs):
+        raise ValueError(f"warmup_epochs must be a number in [0, epochs={epochs}]; got {warmup_epochs!r}")
+    if num_examples < k * batch_size:
+        raise ValueError(f"num_examples must hold at least one large batch (k x batch_size = {k * batch_size}); "
+                         f"got {num_examples}")
     tf = _local_setup(threads)
     if data == "synthetic":
-        (x, y), _ = lkdata.synthetic(num_examples, 0, seed=seed)
+        (x, y), (xv, yv) = lkdata.synthetic(num_examples, num_val, seed=seed)
         name = "synthetic"
     else:
-        (x, y), _, info = lkdata.load_dataset(None if data == "auto" else data, n_train=num_examples)
+        (x, y), (xv, yv), info = lkdata.load_dataset(None if data == "auto" else data, n_train=num_examples,
+                                                     n_test=num_val)
         name = str(getattr(info, "name", info))
     x, y = lkdata.normalize(x), np.asarray(y).reshape(-1).astype("int32")
+    xv, yv = lkdata.normalize(xv), np.asarray(yv).reshape(-1).astype("int32")
     configs = [
-        (f"b={batch_size}, lr={lr:g}", batch_size, 1.0, 0),
-        (f"b={k * batch_size}, lr={lr:g} (no scaling)", k * batch_size, 1.0, 0),
-        (f"b={k * batch_size}, lr={k * lr:g} (linear scaling)", k * batch_size, float(k), 0),
-        (f"b={k * batch_size}, lr={k * lr:g} + warmup", k * batch_size, float(k), -1),
+        (f"b={batch_size}, lr={lr:g}", batch_size, 1.0, False),
+        (f"b={k * batch_size}, lr={lr:g} (no scaling)", k * batch_size, 1.0, False),
+        (f"b={k * batch_size}, lr={k * lr:g} (linear scaling, no warmup)", k * batch_size, float(k), False),
+        (f"b={k * batch_size}, lr={k * lr:g} + warmup", k * batch_size, float(k), True),
     ]
     rows = []
     for label, b, scale, warm in configs:
         tf.random.set_seed(seed)
         net = models.get("small_cnn", input_shape=x.shape[1:])
         steps_per_epoch = len(x) // b
-        warm_steps = warmup_epochs * steps_per_epoch if warm < 0 else 0
+        warm_steps = int(round(warmup_epochs * steps_per_epoch)) if warm else 0
         sched = lambda step, s=scale, w=warm_steps: warmup_lr(step, lr, s, w)  # noqa: E731
         opt = tf.keras.optimizers.legacy.SGD(learning_rate=lambda: sched(opt.iterations), momentum=0.9)
         step = _train_step_fn(tf, net, opt)
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(b, drop_remainder=True)
         every = max(1, steps_per_epoch // evals_per_epoch)
-        i, run_loss = 0, []
+        i, run_loss, train_s = 0, [], 0.0
         for epoch in range(epochs):
+            t0 = time.perf_counter()
             for xb, yb in ds:
                 loss = float(step(xb, yb))
                 run_loss.append(loss if np.isfinite(loss) else 1e3)
                 i += 1
                 if i % every == 0:
-                    rows.append({"config": label, "batch_size": b, "lr_peak": lr * scale,
-                                 "epoch": i / steps_per_epoch, "loss": float(np.mean(run_loss)),
-                                 "data": name})
+                    train_s += time.perf_counter() - t0
+                    pred = np.argmax(net.predict(xv, batch_size=500, verbose=0), axis=1)
+                    rows.append({"config": label, "batch_size": b, "lr_peak": lr * scale, "warmup": warm,
+                                 "epoch": i / steps_per_epoch, "train_s": train_s, "loss": float(np.mean(run_loss)),
+                                 "val_acc": float(np.mean(pred == yv)), "data": name})
                     run_loss = []
+                    t0 = time.perf_counter()
+            train_s += time.perf_counter() - t0 if run_loss else 0.0
     return pd.DataFrame(rows)
