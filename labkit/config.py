@@ -60,6 +60,19 @@ def data_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".labkit" / "data"
 
 
+def scratch_dir(prefix: str) -> Path:
+    """A new private folder in the system's temporary directory for one notebook's checkpoints or results,
+    removed with everything in it when this Python process (the notebook's kernel) exits. (01, 05)"""
+    import atexit
+    import shutil
+    import tempfile
+    if not isinstance(prefix, str) or not prefix or "/" in prefix:
+        raise ValueError(f"prefix must be a non-empty name without '/'; got {prefix!r}")
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def set_seed(seed: int = 42, deterministic: bool = False) -> int:
     """Seed Python, numpy and TensorFlow; deterministic=True also asks TF for deterministic ops.
 

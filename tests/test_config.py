@@ -51,3 +51,22 @@ def test_set_seed_repeats_numpy_and_tensorflow():
 def test_set_seed_rejects_bad_seed(bad):
     with pytest.raises(ValueError, match="seed"):
         config.set_seed(bad)
+
+
+def test_scratch_dir_is_private_and_removed_when_the_process_exits(tmp_path):
+    import subprocess
+    import sys
+    code = ("from labkit import config; p = config.scratch_dir('labkit-test-'); (p / 'x').write_text('1'); "
+            "import os, stat; print(p, oct(stat.S_IMODE(os.stat(p).st_mode)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "TMPDIR": str(tmp_path)}).stdout.split()
+    path, mode = out[-2], out[-1]
+    assert path.startswith(str(tmp_path)) and mode == "0o700"
+    assert not __import__("os").path.exists(path), "the folder outlived its process"
+
+
+def test_scratch_dir_refuses_a_path_as_prefix():
+    import pytest
+    from labkit import config
+    with pytest.raises(ValueError, match="prefix"):
+        config.scratch_dir("../x")
