@@ -182,3 +182,66 @@ def test_single_node_template_in_full_profile_at_smoke_scale(slurm, smoke_env, t
     runs = {run["np"]: run for run in json.loads(results.read_text())["runs"]}
     assert sorted(runs) == [1, 2]
     assert runs[2]["checksums"][0] == runs[2]["checksums"][1]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.horovod
+def test_multi_node_template_in_full_profile_reads_the_cifar_layout(slurm, smoke_env, tmp_path):  # noqa: F811
+    """hpc/multi_node.sbatch with LABKIT_PROFILE=full LABKIT_SMOKE=1 and --data cifar10: both ranks load the
+    CIFAR-10-layout archive through the verified loader, train and end with the same weights."""
+    import json
+
+    env, _ = smoke_env
+    out = tmp_path / "hvd"
+    job_id, log = slurm.submit("hpc/multi_node.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gres=none",
+                               log=tmp_path / "job-%j.out", LABKIT_VENV=VENV, LABKIT_RESULTS=str(out),
+                               LABKIT_STEPS="3", LABKIT_BATCH_SIZE="16", LABKIT_DATA_SOURCE="cifar10", **env)
+    fields = slurm.wait_job(job_id, timeout=300)
+    text = log.read_text(errors="replace") if log.exists() else "(no job output)"
+    assert fields["JobState"] == "COMPLETED", f"{fields.get('JobState')} {fields.get('ExitCode')}\n{text}"
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["data"] for r in ranks] == ["cifar10", "cifar10"]
+    assert ranks[0]["examples_total"] == 1000  # the full profile's smoke size, read from the archive
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    assert "all ranks hold the same weights" in text
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.server
+def test_jupyter_template_in_full_profile(slurm, smoke_env, tmp_path):  # noqa: F811
+    """hpc/jupyter.sbatch with LABKIT_PROFILE=full LABKIT_SMOKE=1: says which profile the notebooks get,
+    JupyterLab answers with the token, and scancel ends the job."""
+    import re
+    import urllib.error
+    import urllib.request
+
+    env, _ = smoke_env
+    token = "labkit-full-" + os.urandom(8).hex()
+    home = tmp_path / "home"
+    home.mkdir()
+    job_id, log = slurm.submit("hpc/jupyter.sbatch", "--gres=none", "--cpus-per-task=1", log=tmp_path / "lab-%j.out",
+                               JUPYTER_TOKEN=token, LABKIT_VENV=VENV, LABKIT_LOGIN_HOST="login.example.org",
+                               USER="student", HOME=str(home), **env)
+    try:
+        deadline, status, text = time.time() + 90, None, ""
+        while time.time() < deadline and status != 200:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            match = re.search(r"ssh -N -L (\d+):127\.0\.0\.1:", text)
+            if match:
+                req = urllib.request.Request(f"http://127.0.0.1:{match[1]}/api/status",
+                                             headers={"Authorization": f"token {token}"})
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as resp:
+                        status = resp.status
+                except (urllib.error.URLError, OSError):
+                    pass
+            if status != 200 and slurm.job_state(job_id) not in ("PENDING", "CONFIGURING", "RUNNING"):
+                break
+            time.sleep(0.5)
+        assert "the notebooks will run in the full profile (LABKIT_SMOKE=1)" in text, text
+        assert status == 200, f"JupyterLab did not answer:\n{text}"
+    finally:
+        slurm.run("scancel", job_id, check=False)
+    assert slurm.wait_job(job_id, timeout=30)["JobState"] == "CANCELLED"
