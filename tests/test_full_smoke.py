@@ -1,4 +1,5 @@
-"""The full profile at smoke scale: every notebook, top to bottom, with LABKIT_PROFILE=full LABKIT_SMOKE=1.
+"""The full profile at smoke scale: every notebook, top to bottom, with LABKIT_PROFILE=full LABKIT_SMOKE=1,
+in its learner edition (labkit.exercises.build) where it has exercises, so the same run proves the learner's copy.
 
 Smoke scale (labkit.config.by_profile's smoke= values) shrinks every size to seconds and keeps every code path
 of the full profile: the same models, launch commands and plots, and CIFAR-10 from disk. The CIFAR-10 here is
@@ -128,18 +129,33 @@ def test_fixture_is_read_as_cifar10(smoke_env, monkeypatch):
     np.testing.assert_array_equal(y.ravel(), sy.ravel())
 
 
+@pytest.fixture(scope="module")
+def learner_dir(tmp_path_factory):
+    """Where the learner edition is built (once, by the first notebook run that needs it)."""
+    return tmp_path_factory.mktemp("learner")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [pytest.param(p, marks=KNOWN.get(p.stem, ())) for p in NOTEBOOKS],
                          ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, monkeypatch):
+def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, learner_dir, monkeypatch):
     import nbclient
     import nbformat
 
+    from labkit import exercises
+    from labkit.verdict import NOT_ANSWERED
+
     for key, value in smoke_env[0].items():
         monkeypatch.setenv(key, value)
-    nb = nbformat.read(path, as_version=4)
+    # the learner edition where the notebook has exercises: one run proves the full profile's code paths and
+    # that the learner's copy (solutions removed, every checker saying "not answered yet") runs top to bottom;
+    # the instructor's solutions are run and checked by nbval in the quick profile
+    built = exercises.build(learner_dir) if not any(learner_dir.iterdir()) else sorted(learner_dir.glob("*.ipynb"))
+    run_path = next((b for b in built if b.name == path.name), path)
+    checks = [ex.cell + 1 for ex in exercises.exercises(nbformat.read(path, as_version=4))] if run_path != path else []
+    nb = nbformat.read(run_path, as_version=4)
     client = nbclient.NotebookClient(nb, kernel_name="labkit", timeout=300, allow_errors=False,
-                                     resources={"metadata": {"path": str(path.parent)}})
+                                     resources={"metadata": {"path": str(run_path.parent)}})
     start = time.perf_counter()
     try:
         client.execute()
@@ -156,6 +172,9 @@ def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, monkeypat
     texts = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     if "config.describe()" in "".join(c.source for c in nb.cells[:3]):
         assert "SMOKE SCALE" in texts, f"{path.name} does not say it ran at smoke scale"
+    for i in checks:
+        text = "".join(o.get("text", "") for o in nb.cells[i].outputs)
+        assert text.strip() == NOT_ANSWERED, f"learner edition of {path.name}, cell {i} printed {text!r}"
     print(f"{path.stem}: {TIMES[path.stem]:.0f} s", file=sys.stderr)
 
 
