@@ -4,8 +4,8 @@ worker owns one core of the same chip.
 `decompose()` measures, in one run and for 1 .. cores workers: the machine's own limit (labkit.probe's
 single-thread GEMM processes), the training workers without gradient exchange (`--no-sync`) and with
 Horovod's exchange. `exchange_cost()` measures what the exchange adds to each step at several batch sizes:
-on one machine it is a fixed latency per step (Horovod's background cycle and negotiation, the loopback
-ring, threads waiting for a core), so more images per step hide it.
+on two busy cores it is a wait per step (Horovod's background cycle and negotiation, its threads waiting for
+a core, the slower worker), not a bandwidth cost, so it shrinks as a fraction of a step with more images.
 """
 from __future__ import annotations
 

@@ -130,15 +130,16 @@ def test_fixture_is_read_as_cifar10(smoke_env, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def learner_dir(tmp_path_factory):
-    """Where the learner edition is built (once, by the first notebook run that needs it)."""
-    return tmp_path_factory.mktemp("learner")
+def learner(tmp_path_factory) -> dict:
+    """The learner edition (labkit.exercises.build), built once: notebook name -> its path."""
+    from labkit import exercises
+    return {p.name: p for p in exercises.build(tmp_path_factory.mktemp("learner"))}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [pytest.param(p, marks=KNOWN.get(p.stem, ())) for p in NOTEBOOKS],
                          ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, learner_dir, monkeypatch):
+def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, learner, monkeypatch):
     import nbclient
     import nbformat
 
@@ -150,8 +151,7 @@ def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, learner_d
     # the learner edition where the notebook has exercises: one run proves the full profile's code paths and
     # that the learner's copy (solutions removed, every checker saying "not answered yet") runs top to bottom;
     # the instructor's solutions are run and checked by nbval in the quick profile
-    built = exercises.build(learner_dir) if not any(learner_dir.iterdir()) else sorted(learner_dir.glob("*.ipynb"))
-    run_path = next((b for b in built if b.name == path.name), path)
+    run_path = learner.get(path.name, path)
     checks = [ex.cell + 1 for ex in exercises.exercises(nbformat.read(path, as_version=4))] if run_path != path else []
     nb = nbformat.read(run_path, as_version=4)
     client = nbclient.NotebookClient(nb, kernel_name="labkit", timeout=300, allow_errors=False,
@@ -232,10 +232,6 @@ def test_multi_node_template_in_full_profile_reads_the_cifar_layout(slurm, smoke
 def test_jupyter_template_in_full_profile(slurm, smoke_env, tmp_path):  # noqa: F811
     """hpc/jupyter.sbatch with LABKIT_PROFILE=full LABKIT_SMOKE=1: says which profile the notebooks get,
     JupyterLab answers with the token, and scancel ends the job."""
-    import re
-    import urllib.error
-    import urllib.request
-
     env, _ = smoke_env
     token = "labkit-full-" + os.urandom(8).hex()
     home = tmp_path / "home"
@@ -244,21 +240,7 @@ def test_jupyter_template_in_full_profile(slurm, smoke_env, tmp_path):  # noqa: 
                                JUPYTER_TOKEN=token, LABKIT_VENV=VENV, LABKIT_LOGIN_HOST="login.example.org",
                                USER="student", HOME=str(home), **env)
     try:
-        deadline, status, text = time.time() + 90, None, ""
-        while time.time() < deadline and status != 200:
-            text = log.read_text(errors="replace") if log.exists() else ""
-            match = re.search(r"ssh -N -L (\d+):127\.0\.0\.1:", text)
-            if match:
-                req = urllib.request.Request(f"http://127.0.0.1:{match[1]}/api/status",
-                                             headers={"Authorization": f"token {token}"})
-                try:
-                    with urllib.request.urlopen(req, timeout=5) as resp:
-                        status = resp.status
-                except (urllib.error.URLError, OSError):
-                    pass
-            if status != 200 and slurm.job_state(job_id) not in ("PENDING", "CONFIGURING", "RUNNING"):
-                break
-            time.sleep(0.5)
+        status, text, _ = slurm.wait_for_lab(job_id, log, token, r"ssh -N -L (\d+):127\.0\.0\.1:")
         assert "the notebooks will run in the full profile (LABKIT_SMOKE=1)" in text, text
         assert status == 200, f"JupyterLab did not answer:\n{text}"
     finally:

@@ -143,6 +143,26 @@ class LoopbackSlurm:
                 raise AssertionError(f"job {job_id} still {state or '?'} after {timeout} s\n{self.log_tail()}")
             time.sleep(0.3)
 
+    def wait_for_lab(self, job_id: str, log: Path, token: str, line: str, timeout: float = 90):
+        """Poll a jupyter.sbatch job's output until `line` (a regex whose group 1 is the tunnel's port) appears
+        and JupyterLab answers /api/status there with the token, or the job ends; (status, output, match)."""
+        deadline, status, text, match = time.time() + timeout, None, "", None
+        while time.time() < deadline and status != 200:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            match = re.search(line, text)
+            if match:
+                req = urllib.request.Request(f"http://127.0.0.1:{match[1]}/api/status",
+                                             headers={"Authorization": f"token {token}"})
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as resp:
+                        status = resp.status
+                except (urllib.error.URLError, OSError):
+                    pass
+            if status != 200 and self.job_state(job_id) not in ("PENDING", "CONFIGURING", "RUNNING"):
+                break
+            time.sleep(0.5)
+        return status, text, match
+
     def stop(self):
         for proc in reversed(self.procs):  # slurmd, slurmctld, munged
             if proc.poll() is None:
@@ -205,21 +225,8 @@ def test_jupyter_template_serves_lab_and_prints_the_tunnel(slurm, tmp_path, isol
                                JUPYTER_TOKEN=token, LABKIT_VENV=VENV, LABKIT_LOGIN_HOST="login.example.org",
                                USER="student", **home)
     try:
-        deadline, status, text, match = time.time() + 90, None, "", None
-        while time.time() < deadline and status != 200:
-            text = log.read_text(errors="replace") if log.exists() else ""
-            match = re.search(r"ssh -N -L (\d+):127\.0\.0\.1:(\d+) -J student@login\.example\.org student@(\S+)", text)
-            if match:
-                req = urllib.request.Request(f"http://127.0.0.1:{match[1]}/api/status",
-                                             headers={"Authorization": f"token {token}"})
-                try:
-                    with urllib.request.urlopen(req, timeout=5) as resp:
-                        status = resp.status
-                except (urllib.error.URLError, OSError):
-                    pass
-            if status != 200 and slurm.job_state(job_id) not in ("PENDING", "CONFIGURING", "RUNNING"):
-                break
-            time.sleep(0.5)
+        status, text, match = slurm.wait_for_lab(
+            job_id, log, token, r"ssh -N -L (\d+):127\.0\.0\.1:(\d+) -J student@login\.example\.org student@(\S+)")
         assert match, f"no ssh -L line in the job output:\n{text}\n{slurm.log_tail()}"
         assert match[1] == match[2]
         assert match[3] == socket.gethostname().split(".")[0]
