@@ -329,12 +329,16 @@ def plot(results: dict, ax=None):
 
 def main(argv=None) -> int:
     import argparse
+
+    from labkit import nodescale
     p = argparse.ArgumentParser(prog="python -m labkit.vcluster",
                                 description="Calibrate and check the allreduce model on the virtual cluster.")
     p.add_argument("--rates", default="1gbit,200mbit,50mbit", help="comma-separated tc rates")
     p.add_argument("--model", default="seed002")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--nodes", default="2", help="node counts, e.g. 2,3,4 for weak scaling over nodes "
+                                                 "(written to vcluster_nodes.json unless --out says otherwise)")
+    p.add_argument("--out", default=None, help=f"result file (default {RESULTS})")
     args = p.parse_args(argv)
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     try:
@@ -342,6 +346,8 @@ def main(argv=None) -> int:
             rate_bits(r)
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1; got {args.batch_size}")
+        if not re.fullmatch(r"\d+(,\d+)*", args.nodes) or min(map(int, args.nodes.split(","))) < 2:
+            raise ValueError(f"--nodes must be node counts >= 2 separated by commas, e.g. 2,3,4; got {args.nodes!r}")
     except ValueError as err:
         print(f"vcluster: {err}", file=sys.stderr)
         return 2
@@ -349,18 +355,21 @@ def main(argv=None) -> int:
     if reason:
         print(f"vcluster: {reason}", file=sys.stderr)
         return 2
-    started = nodes_up() < 2
+    nodes = sorted({int(n) for n in args.nodes.split(",")})
+    started = nodes_up() < max(nodes)
     if started:
-        up(2, rates[0])
+        up(max(nodes), rates[0])
     try:
-        res = measure(rates, args.model, args.batch_size)
+        res = nodescale.by_nodes(nodes, rates, args.model, args.batch_size) if len(nodes) > 1 else \
+            measure(rates, args.model, args.batch_size)
     finally:
         if started:
             down()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    print(table(res).round(3).to_string())
-    print("written:", args.out)
+    out = Path(args.out or (nodescale.RESULTS if len(nodes) > 1 else RESULTS))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print((nodescale.table(res) if len(nodes) > 1 else table(res)).round(3).to_string())
+    print("written:", out)
     return 0
 
 

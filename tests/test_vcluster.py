@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import vcluster
+from labkit import nodescale, vcluster
 
 pytestmark = [pytest.mark.slow]
 
@@ -73,6 +73,7 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
 @pytest.mark.parametrize("args, expected", [
     (["--rates", "fast"], "vcluster: rate must be a tc rate such as '1gbit' or '100mbit'; got 'fast'"),
     (["--batch-size", "0"], "vcluster: --batch-size must be >= 1; got 0"),
+    (["--nodes", "1,2"], "vcluster: --nodes must be node counts >= 2 separated by commas, e.g. 2,3,4; got '1,2'"),
 ])
 def test_measure_cli_bad_input_is_one_line_and_exit_2(args, expected):
     res = subprocess.run([sys.executable, "-m", "labkit.vcluster", *args], capture_output=True, text=True, timeout=60)
@@ -80,9 +81,43 @@ def test_measure_cli_bad_input_is_one_line_and_exit_2(args, expected):
 
 
 def test_modules_import_without_tensorflow():
-    code = "import sys, labkit.vcluster, labkit.timeline; print('tensorflow' in sys.modules)"
+    code = "import sys, labkit.vcluster, labkit.nodescale, labkit.timeline; print('tensorflow' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "False", res
+
+
+def test_by_nodes_predicts_more_nodes_from_the_fewest_nodes_fit(monkeypatch):
+    """by_nodes fits alpha/beta on the fewest nodes and predicts the rest with the ring formula. Faked
+    launches whose allreduce follows T = 2(p-1) alpha + 2(p-1)/p n beta (the published ring cost, Thakur et al.
+    2005) with a link of 50 Mbit/s: the 2-node fit must predict 3 and 4 nodes' synced steps exactly."""
+    alpha, beta, grad = 1e-3, 8 / 50e6, 2_700_000
+    ring = lambda n, p: 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta  # noqa: E731
+    seen = []
+
+    def fake_run_setting(rate, model, batch_size, np_, variants, **kw):
+        seen.append((rate, np_))
+        sizes = [4096, 65536, 1 << 20, 4 << 20]
+        ranks = [{"allreduce": [{"bytes": n, "times_s": [ring(n, np_)] * 3} for n in sizes],
+                  "step_times_s": {"compute": [0.08 * np_] * 5, "sync": [0.08 * np_ + ring(grad, np_)] * 5},
+                  "grad_tensors": [grad // 2, grad // 2], "checksum_trainable": 1.0, "host": f"n{r}"}
+                 for r in range(np_)]
+        return {**vcluster.summarize(ranks, np_), "rate": rate, "rate_bits": vcluster.rate_bits(rate)}
+
+    monkeypatch.setattr(vcluster, "run_setting", fake_run_setting)
+    monkeypatch.setattr(vcluster, "nodes_up", lambda: 4)
+    res = nodescale.by_nodes((4, 2, 3), rates=("50mbit",), progress=lambda *_: None)
+    assert seen == [("50mbit", 2), ("50mbit", 3), ("50mbit", 4)]
+    for s in res["settings"]:
+        p = s["nodes"]
+        assert s["predicted_from_fewest_s"] == pytest.approx(0.08 * p + ring(grad, p), rel=1e-6)
+        assert s["efficiency"] == pytest.approx(0.08 * p / (0.08 * p + ring(grad, p)), rel=1e-6)
+    table = nodescale.table(res)
+    assert list(table.index) == [("50mbit", 2), ("50mbit", 3), ("50mbit", 4)]
+    monkeypatch.setattr(vcluster, "nodes_up", lambda: 2)
+    with pytest.raises(RuntimeError, match="need a virtual cluster of 4 nodes"):
+        nodescale.by_nodes((2, 4), rates=("50mbit",))
+    with pytest.raises(ValueError, match="nodes must be two or more node counts >= 2"):
+        nodescale.by_nodes((1, 2))
 
 
 def test_rate_bits_follows_tc_units():
