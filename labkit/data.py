@@ -6,7 +6,7 @@ for compute nodes without internet.
 
 When CIFAR-10 is not there, `load_dataset()` falls back to a synthetic set generated on the fly: 10 classes of
 32x32x3 shapes and textures in random colours, positions and sizes, on noisy backgrounds with clutter (a blob,
-thin lines). The seed 000 network reaches ~50% on it in the quick profile; it is learnable, not trivial.
+thin lines). The network of the MATLAB cloud white paper reaches ~50% on it in the quick profile; it is learnable, not trivial.
 (01_cnn_basics)
 """
 from __future__ import annotations
@@ -183,7 +183,7 @@ def normalize(x):
 
 
 def augment_batch(x, seed):
-    """Seed 002's augmentation on a batch of NHWC images: random horizontal flip and +-4 px translation.
+    """The augmentation of MATLAB's cloud-training example on a batch of NHWC images: random horizontal flip and +-4 px translation.
 
     seed: an int or a shape-[2] int tensor; the same seed gives the same augmentation (stateless ops).
     Translation pads 4 pixels of zeros (the mean colour after normalisation) and crops a random 32x32 window.
@@ -208,7 +208,7 @@ def augment_batch(x, seed):
 def make_dataset(x, y, batch_size, *, shuffle=True, augment=False, seed=0, shard=None, drop_remainder=False):
     """tf.data pipeline: shard -> shuffle (every epoch) -> batch -> normalise -> augment -> prefetch.
 
-    augment=True applies seed 002's flip and +-4 px shift (augment_batch), different every epoch.
+    augment=True applies MATLAB's cloud-training example's flip and +-4 px shift (augment_batch), different every epoch.
 
     x: uint8 NHWC images; y: integer labels, shape (N,) or (N, 1). shard=(index, count) keeps every count-th
     example starting at index, so Horovod rank i of n trains on its own 1/n of the data. (01_cnn_basics)

@@ -6,7 +6,7 @@ MATLAB's trainingOptions('sgdm', ...) in Keras terms:
   L2Regularization l2                        -> loss + l2/2 * sum(w**2) over conv/dense kernels (MATLAB's
                                                 convention; biases are not decayed, as MATLAB's BiasL2Factor 0)
   Plots 'training-progress'                  -> LiveProgress
-A run killed mid-way (a lease expiring, seed 003) resumes from its last finished epoch: fit(..., backup_dir=D).
+A run killed mid-way (a lease expiring, as Das's Chameleon slides warn) resumes from its last finished epoch: fit(..., backup_dir=D).
 (01_cnn_basics)
 """
 from __future__ import annotations
@@ -23,16 +23,16 @@ import tensorflow as tf
 from labkit import config
 from labkit.rankstats import summarize_times, weights_checksum  # noqa: F401  (per-rank results)
 
-# seed 000's trainingOptions, verbatim (MATLAB white paper "Deep Learning in the Cloud")
+# trainingOptions of the MATLAB white paper "Deep Learning in the Cloud", verbatim
 SEED000 = {"lr": 0.001, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 30, "l2": 0.004, "epochs": 40,
            "batch_size": 100}
-# seed 002's options for one GPU: batch 256, LR 0.1 x batch/256, 50 epochs, drop x0.1 at 45, L2 1e-10
+# the options of MATLAB's example "Train Network in the Cloud Using Automatic Parallel Support", one GPU: batch 256, LR 0.1 x batch/256, 50 epochs, drop x0.1 at 45, L2 1e-10
 SEED002 = {"lr": 0.1, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 45, "l2": 1e-10, "epochs": 50,
            "batch_size": 256, "augment": True}
 
 
 def seed000_options(profile: str | None = None) -> dict:
-    """Seed 000's options scaled to the profile: fewer epochs and images, so a larger LR to make up for it.
+    """The options of the MATLAB cloud white paper scaled to the profile: fewer epochs and images, so a larger LR to make up for it.
 
     full is the paper's recipe on all of CIFAR-10 (40 epochs x 500 steps of LR 0.001). quick and workshop take
     ~1/100 and ~1/20 of the steps, so they start at a larger LR (0.02, 0.01) and still drop it x0.1 before the
@@ -48,9 +48,9 @@ def seed000_options(profile: str | None = None) -> dict:
 
 
 def seed002_options(profile: str | None = None, num_gpus: int = 1) -> dict:
-    """Seed 002's options (batch 256 per GPU, LR scaled with batch); full reproduces its 0.8938 set-up.
+    """The options of MATLAB's cloud-training example (batch 256 per GPU, LR scaled with batch); full reproduces its 0.8938 set-up.
 
-    It costs ~17x seed 000's FLOPs per image: quick skips training it (epochs 0), workshop runs a token amount.
+    It costs ~17x the FLOPs per image of the MATLAB cloud white paper's network: quick skips training it (epochs 0), workshop runs a token amount.
     """
     opts = dict(SEED002)
     opts["batch_size"] = 256 * num_gpus
@@ -66,7 +66,7 @@ def seed002_options(profile: str | None = None, num_gpus: int = 1) -> dict:
 
 
 def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int = 256) -> float:
-    """Linear scaling rule (Goyal et al.; seed 002's LR 0.1 x batch/256): LR grows with the batch size."""
+    """Linear scaling rule (Goyal et al.; MATLAB's cloud-training example's LR 0.1 x batch/256): LR grows with the batch size."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
     if not isinstance(base_batch_size, int) or base_batch_size < 1:

@@ -27,6 +27,7 @@ DIR="${LABKIT_VCLUSTER_DIR:-/run/labkit-vcluster}"
 SUBNET="${LABKIT_VCLUSTER_SUBNET:-10.251.77}"
 BRIDGE=labkit-br0
 PREFIX=labkit-node
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"  # scripts/: slurm.conf.in
 MARK="# labkit-vcluster"
 SSH_CONF=/etc/ssh/ssh_config.d/labkit-vcluster.conf
 HOST_IP="$SUBNET.254"
@@ -108,38 +109,13 @@ free_port() {  # a TCP port nobody listens on in the host's namespace
 }
 
 write_slurm_conf() {
-  local n="$1" cpus="$2" ctld_port="$3" host
+  # scripts/slurm.conf.in (shared with tests/test_slurm.py) filled in, plus one NodeName line per node
+  local n="$1" cpus="$2" ctld_port="$3" host i
   host="$(hostname -s)"
-  cat > "$DIR/etc/slurm.conf" <<EOF
-# labkit virtual cluster (scripts/vcluster.sh)
-ClusterName=labkit-vcluster
-SlurmctldHost=$host($HOST_IP)
-SlurmctldPort=$ctld_port
-SlurmdPort=6818
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$DIR/munge/munge.sock
-MailProg=/bin/true
-StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool/%n
-SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd-%n.pid
-SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SchedulerParameters=sched_min_interval=0
-NodeName=DEFAULT CPUs=$cpus State=UNKNOWN
-EOF
-  local i
+  sed -e "s|@CLUSTER@|labkit-vcluster|" -e "s|@CTLD_HOST@|$host($HOST_IP)|" -e "s|@CTLD_PORT@|$ctld_port|" \
+      -e "s|@SLURMD_PORT@|6818|" -e "s|@USER@|root|g" -e "s|@DIR@|$DIR|g" \
+      "$HERE/slurm.conf.in" > "$DIR/etc/slurm.conf"
+  echo "NodeName=DEFAULT CPUs=$cpus State=UNKNOWN" >> "$DIR/etc/slurm.conf"
   for i in $(seq 1 "$n"); do echo "NodeName=$PREFIX$i NodeAddr=$SUBNET.$i" >> "$DIR/etc/slurm.conf"; done
   echo "PartitionName=debug Nodes=${PREFIX}[1-$n] Default=YES MaxTime=INFINITE State=UP" >> "$DIR/etc/slurm.conf"
 }

@@ -27,35 +27,16 @@ VENV = str(Path(sys.executable).parent.parent)  # the jobs use the environment r
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
 COMMANDS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel"]
 
-SLURM_CONF = """\
-ClusterName=labkit
-SlurmctldHost=localhost
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-SlurmUser={user}
-SlurmdUser={user}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={d}/munge/munge.sock
-MailProg=/bin/true
-StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
-SlurmctldPidFile={d}/run/slurmctld.pid
-SlurmdPidFile={d}/run/slurmd.pid
-SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MpiDefault=none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-SchedulerParameters=sched_min_interval=0
-NodeName=localhost CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
-"""
+SLURM_TEMPLATE = ROOT / "scripts" / "slurm.conf.in"  # shared with scripts/vcluster.sh
+
+
+def slurm_conf(d: Path, user: str, cpus: int, ctld_port: int, slurmd_port: int) -> str:
+    """scripts/slurm.conf.in filled in for one node, localhost, on loopback."""
+    fields = {"CLUSTER": "labkit", "CTLD_HOST": "localhost", "CTLD_PORT": ctld_port, "SLURMD_PORT": slurmd_port,
+              "USER": user, "DIR": d}
+    text = re.sub(r"@([A-Z_]+)@", lambda m: str(fields[m[1]]), SLURM_TEMPLATE.read_text())
+    return text + (f"NodeName=localhost CPUs={cpus} State=UNKNOWN\n"
+                   "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n")
 
 
 class LoopbackSlurm:
@@ -105,8 +86,7 @@ class LoopbackSlurm:
         os.chmod(d, 0o755)  # munged refuses group/world-writable directories on its paths
         os.chmod(d / "munge", 0o755)
         user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
-        (d / "etc/slurm.conf").write_text(SLURM_CONF.format(
-            d=d, user=user, cpus=os.cpu_count() or 1, ctld_port=free_port(), slurmd_port=free_port()))
+        (d / "etc/slurm.conf").write_text(slurm_conf(d, user, os.cpu_count() or 1, free_port(), free_port()))
         key = d / "munge/munge.key"
         self.run("mungekey", "--create", f"--keyfile={key}")
         self._daemon("munged", "--foreground", f"--key-file={key}", f"--socket={d}/munge/munge.sock",

@@ -1,12 +1,13 @@
-"""CIFAR-10 networks from the seeds: seed 000's 16-network sweep family and seed 002's conv-block net.
+"""CIFAR-10 networks of the sources: the MATLAB cloud white paper's 16-network sweep family and the
+conv-block network of MATLAB's cloud-training example.
 
-seed 000 (MATLAB white paper "Deep Learning in the Cloud"), as reconstructed in shared/DESIGN.md:
+MATLAB white paper "Deep Learning in the Cloud with MATLAB R2016b" (Moulder et al.):
   input 32x32x3 -> conv(k, F, same) -> ReLU -> maxpool(p, stride 2)
   -> [extra: conv(k, F, same) -> ReLU -> cross-channel normalisation]
   -> conv(k, 2F, same) -> ReLU -> maxpool(p, stride 2) -> dense(10) -> softmax
   F in {20, 32}, k in {5, 3}, p in {3, 2}, extra in {no, yes}: 16 networks (SEED000_SWEEP).
   MATLAB pools without padding, so a 3x3/2 pool maps 32 -> 15 -> 7 and a 2x2/2 pool 32 -> 16 -> 8.
-seed 002 (MATLAB example, 0.8938 test accuracy): 4 x (3x3 conv, batch norm, ReLU) at widths 32 / 64 / 128,
+MATLAB example "Train Network in the Cloud Using Automatic Parallel Support" (0.8938 test accuracy): 4 x (3x3 conv, batch norm, ReLU) at widths 32 / 64 / 128,
   2x2 max pools between the blocks, an 8x8 average pool, dense(10), softmax.
 
 Every model ends in a softmax (MATLAB's softmaxLayer), so losses take probabilities, not logits.
@@ -60,7 +61,7 @@ class CrossChannelNormalization(tf.keras.layers.Layer):
 
 def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_shape=CIFAR_SHAPE, classes=10,
                 dropout=0.0):
-    """Seed 000's CIFAR-10 network; the four arguments are the white paper's sweep parameters.
+    """The CIFAR-10 network of the MATLAB cloud white paper; the four arguments are the white paper's sweep parameters.
 
     dropout > 0 adds a Dropout layer before the dense layer (not in the paper: the cure for overfitting that
     05 tries; 0, the default, builds the paper's network). (01_cnn_basics)
@@ -95,7 +96,7 @@ def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_
 
 
 def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10, bn_momentum=0.99):
-    """Seed 002's conv-block network: 3 stages of block_depth x (3x3 conv, BN, ReLU).
+    """The conv-block network of MATLAB's cloud-training example: 3 stages of block_depth x (3x3 conv, BN, ReLU).
 
     bn_momentum: Keras's BatchNormalization momentum for the moving statistics used at test time (0.99, Keras's
     default, needs several hundred steps to forget its initial values; a run of ~100 steps needs ~0.9).
@@ -145,7 +146,7 @@ def small_cnn(input_shape=CIFAR_SHAPE, classes=10, width=16):
     ], name="small_cnn")
 
 
-# seed 000's 16 sweep configurations, in the white paper's order of parameters
+# the MATLAB cloud white paper's 16 sweep configurations, in the white paper's order of parameters
 SEED000_SWEEP = [
     {"filters": f, "filter_size": k, "pool_size": p, "extra_conv": e}
     for f, k, p, e in itertools.product((20, 32), (5, 3), (3, 2), (False, True))
@@ -158,7 +159,7 @@ def count_params(weights) -> int:
 
 
 def memory_footprint(model) -> int:
-    """Seed 000's memory footprint: 4 bytes (single precision) x learnable parameters, in bytes."""
+    """Memory footprint as the MATLAB cloud white paper counts it: 4 bytes (single precision) x learnable parameters, in bytes."""
     return 4 * count_params(model.trainable_weights)
 
 
