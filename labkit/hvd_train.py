@@ -60,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads per rank (0: as --threads)")
     p.add_argument("--no-sync", action="store_true",
                    help="control experiment: plain optimizer, no gradient allreduce (ranks drift apart)")
+    p.add_argument("--barrier", action="store_true",
+                   help="with --no-sync: allreduce only the 4-byte loss after each step, a per-step barrier "
+                        "without the gradients (tells the wait for the slower rank from the bytes)")
     p.add_argument("--no-function", action="store_true", help="run the step eagerly (no tf.function)")
     p.add_argument("--jit", action="store_true", help="compile the step with XLA (tf.function jit_compile)")
     p.add_argument("--seed", type=int, default=0)
@@ -81,6 +84,8 @@ def parse_args(argv=None):
     for name in ("warmup_steps", "lr_warmup_steps", "threads", "inter_threads"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0; got {getattr(args, name)}")
+    if args.barrier and not args.no_sync:
+        p.error("--barrier needs --no-sync (it replaces the gradient allreduce by a 4-byte one)")
     if args.data == "synthetic" and (args.image_size, args.classes) != (32, 10):
         p.error(f"--data synthetic is 32 px with 10 classes; got --image-size {args.image_size} --classes "
                 f"{args.classes} (use --data random for other sizes)")
@@ -151,6 +156,15 @@ def train(args) -> dict:
     # DistributedGradientTape averages the gradients over all ranks (fused ring allreduce); --no-sync skips it
     tape_wrapper = None if args.no_sync else hvd.DistributedGradientTape
     step = training.make_train_step(model, opt, loss_fn, tape_wrapper, jit_compile=True if args.jit else None)
+    if args.barrier:  # every step ends when the slower rank's does, but only 4 bytes cross
+        local_step = step.python_function
+
+        def barrier_step(x, y):
+            loss = local_step(x, y)
+            with tf.control_dependencies([hvd.allreduce(tf.reshape(loss, [1]), op=hvd.Average, name="barrier")]):
+                return tf.identity(loss)
+
+        step = tf.function(barrier_step, jit_compile=True if args.jit else None)
     if args.no_function:
         step = step.python_function  # the same step, run eagerly op by op
 
@@ -206,7 +220,7 @@ def train(args) -> dict:
         "batch_size": args.batch_size, "global_batch_size": args.batch_size * size,
         "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
         "lr": args.lr, "lr_final": float(lr_fn(total_steps)), "scale_lr": args.scale_lr,
-        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "jit": args.jit,
+        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "barrier": args.barrier, "jit": args.jit,
         "step_times_s": [round(t, 6) for t in step_times],
         "cpu_step_time_s": float(np.median(cpu_times)), "cpu_step_times_s": [round(t, 6) for t in cpu_times],
         "loss_local": [round(v, 5) for v in losses],

@@ -78,12 +78,15 @@ def plot_decomposition(table, ax=None, title=None):
     return ax
 
 
-def exchange_cost(batches=(64, 256), np_=2, *, progress=False, **run_kw):
-    """Per batch size: np_ workers (one thread each) with and without Horovod's exchange, interleaved.
+def exchange_cost(batches=(64, 256), np_=2, *, barrier=False, progress=False, **run_kw):
+    """Per batch size: np_ workers (one thread each) without exchange and with Horovod's gradient exchange,
+    one launch each, back to back; barrier=True adds a launch with only a 4-byte allreduce per step
+    (hvd_train --barrier: every step waits for the slower worker, no gradients cross).
 
-    Returns one row per batch: step times (median over ranks and steps), the exchange's milliseconds per
-    step (the difference), images/s of both and their ratio (= the ratio of the two efficiencies, since
-    both share the one-worker baseline)."""
+    Returns one row per batch: step times (median over ranks and steps), the exchange's milliseconds per step
+    (Horovod minus no exchange) and, with barrier, what stepping together alone costs, images/s and the ratio of
+    Horovod's to no exchange's (= the ratio of the two efficiencies, since both share the one-worker
+    baseline)."""
     import pandas as pd
     batches = [batches] if isinstance(batches, int) else list(batches)
     if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
@@ -91,12 +94,19 @@ def exchange_cost(batches=(64, 256), np_=2, *, progress=False, **run_kw):
     if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
         raise ValueError(f"np_ must be an int >= 2 (an exchange needs two workers); got {np_!r}")
     run_kw = {**run_kw, "threads": 1}
+    extra = tuple(run_kw.pop("extra", ()))
     rows = []
     for b in batches:
-        free = scaling.run([np_], batch_size=b, sync=False, progress=progress, **run_kw).iloc[0]
-        hvd = scaling.run([np_], batch_size=b, sync=True, progress=progress, **run_kw).iloc[0]
-        rows.append({"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "horovod_step_ms": 1e3 * hvd["step_time_s"],
-                     "exchange_ms": 1e3 * (hvd["step_time_s"] - free["step_time_s"]),
-                     "no_sync_images_per_sec": free["images_per_sec"], "horovod_images_per_sec": hvd["images_per_sec"],
-                     "horovod_vs_no_sync": hvd["images_per_sec"] / free["images_per_sec"], "in_sync": hvd["in_sync"]})
+        free = scaling.run([np_], batch_size=b, sync=False, progress=progress, extra=extra, **run_kw).iloc[0]
+        hvd = scaling.run([np_], batch_size=b, sync=True, progress=progress, extra=extra, **run_kw).iloc[0]
+        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "horovod_step_ms": 1e3 * hvd["step_time_s"],
+               "exchange_ms": 1e3 * (hvd["step_time_s"] - free["step_time_s"]),
+               "no_sync_images_per_sec": free["images_per_sec"], "horovod_images_per_sec": hvd["images_per_sec"],
+               "horovod_vs_no_sync": hvd["images_per_sec"] / free["images_per_sec"], "in_sync": hvd["in_sync"]}
+        if barrier:
+            wait = scaling.run([np_], batch_size=b, sync=False, progress=progress, extra=extra + ("--barrier",),
+                               **run_kw).iloc[0]
+            row.update(barrier_step_ms=1e3 * wait["step_time_s"],
+                       barrier_ms=1e3 * (wait["step_time_s"] - free["step_time_s"]))
+        rows.append(row)
     return pd.DataFrame(rows)

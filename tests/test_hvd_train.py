@@ -37,6 +37,7 @@ def test_arguments_parse():
 @pytest.mark.parametrize("argv, word", [
     (["--batch-size", "0"], "--batch-size"), (["--threads", "-1"], "--threads"),
     (["--model", "nosuchnet"], "--model"), (["--data", "synthetic", "--image-size", "224"], "--data synthetic"),
+    (["--barrier"], "--barrier needs --no-sync"),
 ])
 def test_bad_arguments_exit_2_with_one_line_before_any_model(argv, word):
     proc = subprocess.run([sys.executable, "-m", "labkit.hvd_train", *argv], capture_output=True, text=True,
@@ -65,3 +66,15 @@ def test_peer_bench_bad_input_one_line_exit_2(argv, word):
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and word in proc.stderr.strip().splitlines()[-1]
     assert "Traceback" not in proc.stderr
+
+
+def test_barrier_mode_waits_each_step_but_leaves_the_weights_apart():
+    """--no-sync --barrier on 2 ranks: a 4-byte allreduce per step (the control of 04's exchange cost), no
+    gradient exchange, so the ranks' weights drift apart as with --no-sync alone."""
+    pytest.importorskip("horovod.tensorflow")
+    from labkit import scaling
+    df = scaling.run([2], sync=False, extra=("--barrier",), steps=2, repeats=1, warmup_steps=1, batch_size=16,
+                     progress=False)
+    ranks = df.ranks.iloc[0]
+    assert [r["barrier"] for r in ranks] == [True, True] and not any(r["sync"] for r in ranks)
+    assert not bool(df.in_sync.iloc[0])  # the barrier does not average anything

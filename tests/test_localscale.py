@@ -30,10 +30,11 @@ def test_probe_bad_input_names_the_parameter(kw, word):
 
 def _fake_run(step_ms):
     """scaling.run stand-in: step_ms(np, sync, batch) -> step time; images/s from it, one row per np."""
-    def run(nps, *, sync=True, batch_size=64, **kw):
+    def run(nps, *, sync=True, batch_size=64, extra=(), **kw):
         rows = []
         for n in nps:
-            t = step_ms(n, sync, batch_size) / 1e3
+            # hvd_train --barrier: no gradient exchange, but a 4-byte allreduce per step
+            t = step_ms(n, "barrier" if "--barrier" in extra else sync, batch_size) / 1e3
             rows.append({"np": n, "batch_size": batch_size, "global_batch_size": n * batch_size,
                          "images_per_sec": n * batch_size / t, "images_per_sec_std": 0.0, "step_time_s": t,
                          "in_sync": sync or n == 1, "ranks": [{}] * n})
@@ -57,9 +58,12 @@ def test_decompose_takes_the_three_curves_apart(monkeypatch):
 
 
 def test_exchange_cost_is_the_step_time_difference(monkeypatch):
-    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: b / 6.4 + (6 if sync else 0)))
-    cost = localscale.exchange_cost([64, 256])
+    # the barrier alone adds 4 ms, the gradients 2 ms more
+    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: b / 6.4 + {False: 0, "barrier": 4, True: 6}[sync]))
+    cost = localscale.exchange_cost([64, 256], barrier=True)
     assert cost.exchange_ms.tolist() == pytest.approx([6, 6])
+    assert cost.barrier_ms.tolist() == pytest.approx([4, 4])
+    assert "barrier_ms" not in localscale.exchange_cost([64]).columns  # two launches per batch by default
     assert cost.horovod_vs_no_sync.tolist() == pytest.approx([10 / 16, 40 / 46])
 
 
