@@ -23,7 +23,8 @@ def by_nodes(nodes=(2, 3, 4), rates=("1gbit", "50mbit"), model="seed002", batch_
     allreduce and times the steps (compute alone, synced). The model fitted on the fewest nodes then predicts
     the others: alpha and beta belong to the link, p only to the ring's formula."""
     from labkit import allreduce, machine
-    if len(nodes) < 2 or min(nodes) < 2 or any(not isinstance(p, int) for p in nodes):
+    nodes = tuple(nodes)
+    if len(nodes) < 2 or any(not isinstance(p, int) or isinstance(p, bool) or p < 2 for p in nodes):
         raise ValueError(f"nodes must be two or more node counts >= 2; got {nodes!r}")
     if vcluster.nodes_up() < max(nodes):
         raise RuntimeError(f"need a virtual cluster of {max(nodes)} nodes: scripts/vcluster.sh up --nodes {max(nodes)}")

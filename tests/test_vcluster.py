@@ -116,8 +116,9 @@ def test_by_nodes_predicts_more_nodes_from_the_fewest_nodes_fit(monkeypatch):
     monkeypatch.setattr(vcluster, "nodes_up", lambda: 2)
     with pytest.raises(RuntimeError, match="need a virtual cluster of 4 nodes"):
         nodescale.by_nodes((2, 4), rates=("50mbit",))
-    with pytest.raises(ValueError, match="nodes must be two or more node counts >= 2"):
-        nodescale.by_nodes((1, 2))
+    for bad in ((1, 2), (2, "3"), (2,)):
+        with pytest.raises(ValueError, match="nodes must be two or more node counts >= 2"):
+            nodescale.by_nodes(bad)
 
 
 def test_rate_bits_follows_tc_units():
