@@ -36,8 +36,8 @@ def by_nodes(nodes=(2, 3, 4), rates=("1gbit", "50mbit"), model="seed002", batch_
             cal = res["calibration"]
             base = base or allreduce.AllreduceModel(alpha=cal["alpha_s"], beta=cal["beta_s_per_byte"])
             compute, synced = res["predicted"]["compute_s"], res["steps"]["sync"]["median_s"]
-            res.update(nodes=p, efficiency=compute / synced,
-                       predicted_from_fewest_s=compute + base.fused_time([res["grad_bytes"]], p))
+            res.update(nodes=p, efficiency=compute / synced,  # the step model vcluster.summarize uses, with base's fit
+                       predicted_from_fewest_s=allreduce.step_time(p, compute, [res["grad_bytes"]], base))
             progress(f"{rate}, {p} nodes: step {synced * 1e3:.0f} ms measured, "
                      f"{res['predicted_from_fewest_s'] * 1e3:.0f} ms predicted from {min(nodes)} nodes' fit "
                      f"(compute alone {compute * 1e3:.0f} ms; efficiency {compute / synced:.0%})")

@@ -356,19 +356,20 @@ def main(argv=None) -> int:
         print(f"vcluster: {reason}", file=sys.stderr)
         return 2
     nodes = sorted({int(n) for n in args.nodes.split(",")})
+    over_nodes = len(nodes) > 1  # weak scaling over node counts (labkit.nodescale) or the 2-node experiment
     started = nodes_up() < max(nodes)
     if started:
         up(max(nodes), rates[0])
     try:
-        res = nodescale.by_nodes(nodes, rates, args.model, args.batch_size) if len(nodes) > 1 else \
+        res = nodescale.by_nodes(nodes, rates, args.model, args.batch_size) if over_nodes else \
             measure(rates, args.model, args.batch_size)
     finally:
         if started:
             down()
-    out = Path(args.out or (nodescale.RESULTS if len(nodes) > 1 else RESULTS))
+    out = Path(args.out or (nodescale.RESULTS if over_nodes else RESULTS))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
-    print((nodescale.table(res) if len(nodes) > 1 else table(res)).round(3).to_string())
+    print((nodescale.table(res) if over_nodes else table(res)).round(3).to_string())
     print("written:", out)
     return 0
 
