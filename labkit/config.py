@@ -76,6 +76,9 @@ def scratch_dir(prefix: str) -> Path:
 def set_seed(seed: int = 42, deterministic: bool = False) -> int:
     """Seed Python, numpy and TensorFlow; deterministic=True also asks TF for deterministic ops.
 
+    All three are needed for the same initial weights: Keras 2 draws the seed of an initializer created
+    without one from Python's `random`, so tf.random.set_seed alone gives new weights in every process.
+
     Returns the seed so notebooks can print what produced their numbers.
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:

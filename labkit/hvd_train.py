@@ -23,6 +23,7 @@ cost model in labkit.allreduce. (04_horovod_scaling)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -63,6 +64,10 @@ def parse_args(argv=None):
     p.add_argument("--barrier", action="store_true",
                    help="with --no-sync: allreduce only the 4-byte loss after each step, a per-step barrier "
                         "without the gradients (tells the wait for the slower rank from the bytes)")
+    p.add_argument("--num-groups", type=int, default=0,
+                   help="hvd.DistributedGradientTape(num_groups=N): allreduce the gradients as N groups, each "
+                        "sent once all its tensors are ready (0: Horovod's default, one allreduce per tensor, "
+                        "fused by the background thread as they arrive)")
     p.add_argument("--no-function", action="store_true", help="run the step eagerly (no tf.function)")
     p.add_argument("--jit", action="store_true", help="compile the step with XLA (tf.function jit_compile)")
     p.add_argument("--seed", type=int, default=0)
@@ -81,7 +86,7 @@ def parse_args(argv=None):
     for name in ("batch_size", "steps", "repeats", "num_examples", "image_size", "classes", "chain"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
-    for name in ("warmup_steps", "lr_warmup_steps", "threads", "inter_threads"):
+    for name in ("warmup_steps", "lr_warmup_steps", "threads", "inter_threads", "num_groups"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0; got {getattr(args, name)}")
     if args.barrier and not args.no_sync:
@@ -145,8 +150,8 @@ def train(args) -> dict:
     tf, hvd, threads, n_gpus = _setup(args)
     rank, size = hvd.rank(), hvd.size()
     ds, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
-    tf.random.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
-    from labkit import models, training
+    from labkit import config, models, training
+    config.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
     model = models.get(args.model, input_shape=tuple(shape), classes=args.classes)
     scale = float(size) if args.scale_lr else 1.0
     lr_fn = lambda step: training.warmup_lr(step, args.lr, scale, args.lr_warmup_steps)  # noqa: E731
@@ -154,14 +159,18 @@ def train(args) -> dict:
                                          momentum=args.momentum)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)  # every labkit model: softmax
     # DistributedGradientTape averages the gradients over all ranks (fused ring allreduce); --no-sync skips it
-    tape_wrapper = None if args.no_sync else hvd.DistributedGradientTape
+    tape_wrapper = None if args.no_sync else functools.partial(hvd.DistributedGradientTape,
+                                                               num_groups=args.num_groups)
     step = training.make_train_step(model, opt, loss_fn, tape_wrapper, jit_compile=True if args.jit else None)
     if args.barrier:  # every step ends when the slower rank's does, but only 4 bytes cross
         local_step = step.python_function
 
         def barrier_step(x, y):
             loss = local_step(x, y)
-            with tf.control_dependencies([hvd.allreduce(tf.reshape(loss, [1]), op=hvd.Average, name="barrier")]):
+            # the step counter read after the update: this allreduce cannot start before the update is done
+            # (the loss alone would let it run beside backprop and hide its latency)
+            done = tf.cast(tf.reshape(opt.iterations.read_value(), [1]), tf.float32)
+            with tf.control_dependencies([hvd.allreduce(done, op=hvd.Average, name="barrier")]):
                 return tf.identity(loss)
 
         step = tf.function(barrier_step, jit_compile=True if args.jit else None)
@@ -220,7 +229,8 @@ def train(args) -> dict:
         "batch_size": args.batch_size, "global_batch_size": args.batch_size * size,
         "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
         "lr": args.lr, "lr_final": float(lr_fn(total_steps)), "scale_lr": args.scale_lr,
-        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "barrier": args.barrier, "jit": args.jit,
+        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "barrier": args.barrier, "num_groups": args.num_groups,
+        "jit": args.jit,
         "step_times_s": [round(t, 6) for t in step_times],
         "cpu_step_time_s": float(np.median(cpu_times)), "cpu_step_times_s": [round(t, 6) for t in cpu_times],
         "loss_local": [round(v, 5) for v in losses],

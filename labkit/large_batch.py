@@ -35,7 +35,7 @@ def throughput_vs_batch(batch_sizes=(1, 2, 4, 8, 16, 32, 64), *, model="small_cn
                         warmup_steps=2, threads=None, seed=0):
     """Training images/s of one worker for each batch size (the Chameleon slides' table, on this CPU)."""
     import pandas as pd
-    from labkit import models
+    from labkit import config, models
     from labkit.rankstats import summarize_times
     for b in batch_sizes:
         if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
@@ -43,7 +43,7 @@ def throughput_vs_batch(batch_sizes=(1, 2, 4, 8, 16, 32, 64), *, model="small_cn
     tf = _local_setup(threads)
     rows = []
     for b in batch_sizes:
-        tf.random.set_seed(seed)
+        config.set_seed(seed)
         net = models.get(model)
         opt = tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9)
         step = _train_step_fn(tf, net, opt)
@@ -72,7 +72,7 @@ def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1,
     (mean training loss since the last point), val_acc.
     """
     import pandas as pd
-    from labkit import models
+    from labkit import config, models
     from labkit import data as lkdata
     from labkit.training import warmup_lr
     for name, v in (("k", k), ("batch_size", batch_size), ("epochs", epochs), ("num_val", num_val),
@@ -102,7 +102,7 @@ def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1,
     ]
     rows = []
     for label, b, scale, warm in configs:
-        tf.random.set_seed(seed)
+        config.set_seed(seed)
         net = models.get("small_cnn", input_shape=x.shape[1:])
         steps_per_epoch = len(x) // b
         warm_steps = int(round(warmup_epochs * steps_per_epoch)) if warm else 0

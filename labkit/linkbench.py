@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     import numpy as np
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    from labkit import models
+    from labkit import config, models
     from labkit import training
     from labkit.training import weights_checksum as checksum
     hvd.init()
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     rank, size = hvd.rank(), hvd.size()
     calib = _calibrate(tf, hvd, args.size_list, args.chain, args.calib_repeats)
 
-    tf.random.set_seed(rank)
+    config.set_seed(rank)
     model = models.get(args.model, input_shape=(32, 32, 3), classes=10)
     x = tf.random.uniform([args.batch_size, 32, 32, 3], seed=rank)
     y = tf.random.uniform([args.batch_size], maxval=10, dtype=tf.int32, seed=rank)

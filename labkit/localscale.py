@@ -3,9 +3,10 @@ worker owns one core of the same chip.
 
 `decompose()` measures, in one run and for 1 .. cores workers: the machine's own limit (labkit.probe's
 single-thread GEMM processes), the training workers without gradient exchange (`--no-sync`) and with
-Horovod's exchange. `exchange_cost()` measures what the exchange adds to each step at several batch sizes:
-on two busy cores it is a wait per step (Horovod's background cycle and negotiation, its threads waiting for
-a core, the slower worker), not a bandwidth cost, so it shrinks as a fraction of a step with more images.
+Horovod's exchange. `exchange_cost()` measures what the exchange adds to each step at several batch sizes,
+beside a barrier that only makes the workers step together, Horovod sending the gradients as one group and
+TensorFlow's own MultiWorkerMirroredStrategy, with the CPU time per step of each: on two busy cores the
+exchange costs the CPU time of Horovod's own threads, which the computing threads then lack, not bandwidth.
 """
 from __future__ import annotations
 
@@ -78,35 +79,61 @@ def plot_decomposition(table, ax=None, title=None):
     return ax
 
 
-def exchange_cost(batches=(64, 256), np_=2, *, barrier=False, progress=False, **run_kw):
-    """Per batch size: np_ workers (one thread each) without exchange and with Horovod's gradient exchange,
-    one launch each, back to back; barrier=True adds a launch with only a 4-byte allreduce per step
-    (hvd_train --barrier: every step waits for the slower worker, no gradients cross).
+EXCHANGE_VARIANTS = ("barrier", "one_group", "tf_distribute")
 
-    Returns one row per batch: step times (median over ranks and steps), the exchange's milliseconds per step
-    (Horovod minus no exchange) and, with barrier, what stepping together alone costs, images/s and the ratio of
-    Horovod's to no exchange's (= the ratio of the two efficiencies, since both share the one-worker
-    baseline)."""
+
+def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **run_kw):
+    """Per batch size: np_ workers (one thread each) without exchange and with Horovod's gradient exchange,
+    one launch each, back to back, plus one launch per name in variants:
+
+    * "barrier": no gradients cross, but every step ends with a 4-byte allreduce issued after the update
+      (hvd_train --no-sync --barrier): what stepping together costs, the wait for the slower worker included;
+    * "one_group": Horovod with the gradients sent as one group once backprop is done
+      (DistributedGradientTape(num_groups=1)) instead of tensor by tensor as they are produced;
+    * "tf_distribute": the same model and batch under TensorFlow's MultiWorkerMirroredStrategy on this
+      machine (labkit.tfdist_train.run_local), TensorFlow's own collective allreduce.
+
+    The workers train on one fixed batch of random images unless run_kw says otherwise (data=...), as
+    tf.distribute's always do: the input pipeline stays out of the comparison. Returns one row per batch:
+    step times in ms (median over ranks and steps), what each adds to the step without exchange (X_ms), CPU
+    milliseconds per step of one worker's process (X_cpu_ms, all its threads: time on a core, not waiting
+    for one), the share of the exchange-free speed each keeps (X_vs_no_sync = step time without exchange /
+    with) and whether the workers' weights ended equal."""
     import pandas as pd
     batches = [batches] if isinstance(batches, int) else list(batches)
     if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
         raise ValueError(f"batches must be a positive int or a list of them; got {batches!r}")
     if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
         raise ValueError(f"np_ must be an int >= 2 (an exchange needs two workers); got {np_!r}")
-    run_kw = {**run_kw, "threads": 1}
+    variants = [variants] if isinstance(variants, str) else list(variants)
+    bad = [v for v in variants if v not in EXCHANGE_VARIANTS]
+    if bad:
+        raise ValueError(f"variants must be names from {EXCHANGE_VARIANTS}; got {bad[0]!r}")
+    run_kw = {"data": "random", **run_kw, "threads": 1}
     extra = tuple(run_kw.pop("extra", ()))
+    launches = {"horovod": dict(sync=True), "barrier": dict(sync=False, extra=extra + ("--barrier",)),
+                "one_group": dict(sync=True, extra=extra + ("--num-groups", "1"))}
     rows = []
     for b in batches:
         free = scaling.run([np_], batch_size=b, sync=False, progress=progress, extra=extra, **run_kw).iloc[0]
-        hvd = scaling.run([np_], batch_size=b, sync=True, progress=progress, extra=extra, **run_kw).iloc[0]
-        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "horovod_step_ms": 1e3 * hvd["step_time_s"],
-               "exchange_ms": 1e3 * (hvd["step_time_s"] - free["step_time_s"]),
-               "no_sync_images_per_sec": free["images_per_sec"], "horovod_images_per_sec": hvd["images_per_sec"],
-               "horovod_vs_no_sync": hvd["images_per_sec"] / free["images_per_sec"], "in_sync": hvd["in_sync"]}
-        if barrier:
-            wait = scaling.run([np_], batch_size=b, sync=False, progress=progress, extra=extra + ("--barrier",),
-                               **run_kw).iloc[0]
-            row.update(barrier_step_ms=1e3 * wait["step_time_s"],
-                       barrier_ms=1e3 * (wait["step_time_s"] - free["step_time_s"]))
+        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"]}
+        for name in ["horovod", *variants]:
+            if name == "tf_distribute":
+                from labkit import tfdist_train
+                workers = tfdist_train.run_local(np_, model=run_kw.get("model", scaling.DEFAULT_MODEL), batch_size=b,
+                                                 steps=run_kw.get("steps", 20) * run_kw.get("repeats", 3),
+                                                 timeout=run_kw.get("timeout", 300))
+                step = max(w["median_step_s"] for w in workers)
+                cpu = float(sorted(w["cpu_step_time_s"] for w in workers)[len(workers) // 2])
+                in_sync = len({w["checksum_trainable"] for w in workers}) == 1
+            else:
+                kw = {"extra": extra, **launches[name]}
+                r = scaling.run([np_], batch_size=b, progress=progress, **kw, **run_kw).iloc[0]
+                step, cpu, in_sync = r["step_time_s"], r["cpu_step_time_s"], bool(r["in_sync"])
+            row.update({f"{name}_step_ms": 1e3 * step, f"{name}_ms": 1e3 * step - row["no_sync_step_ms"],
+                        f"{name}_cpu_ms": 1e3 * cpu, f"{name}_vs_no_sync": row["no_sync_step_ms"] / (1e3 * step)})
+            if name != "barrier":  # the barrier's workers drift apart by design: nothing to compare
+                row[f"{name}_in_sync"] = in_sync
+        row["exchange_ms"] = row["horovod_ms"]
         rows.append(row)
     return pd.DataFrame(rows)

@@ -1,17 +1,22 @@
 """One worker of tf.distribute.MultiWorkerMirroredStrategy: the same model and step as labkit.linkbench.
 
 Every worker runs `python -m labkit.tfdist_train --workers HOST:PORT,HOST:PORT --index I --out DIR`
-(TensorFlow's own launcher-less design: each process is told the whole cluster and its place in it;
-on the virtual cluster, `labkit.vcluster.tfdist_run` starts one per node). It times synced training
-steps and writes worker{I}.json with the step times and a checksum of the trainable weights, to be
-compared with Horovod's. Introduced in notebooks/04_horovod_scaling.ipynb.
+(TensorFlow's own launcher-less design: each process is told the whole cluster and its place in it).
+`run_workers` starts them: on this machine (`run_local`, one port each on 127.0.0.1) or one per node of
+the virtual cluster (`labkit.vcluster.tfdist_run`). Each times synced training steps on a fixed random batch
+and writes worker{I}.json with the step times, CPU time per step and a checksum of the trainable weights, to
+be compared with Horovod's. Introduced in notebooks/04_horovod_scaling.ipynb.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +47,7 @@ def main(argv=None) -> int:
     labkit.quiet()
     import numpy as np
     import tensorflow as tf
-    from labkit import models
+    from labkit import config, models
     from labkit.training import weights_checksum as checksum
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -50,7 +55,7 @@ def main(argv=None) -> int:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     size, rank = strategy.num_replicas_in_sync, args.index
     with strategy.scope():
-        tf.random.set_seed(0)  # MWMS builds the same initial weights on every worker from the seed
+        config.set_seed(0)
         model = models.get(args.model, input_shape=(32, 32, 3), classes=10)
         opt = tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9)
     x = tf.random.uniform([args.batch_size, 32, 32, 3], seed=rank + 1)
@@ -71,19 +76,74 @@ def main(argv=None) -> int:
     # --- end of the distributed part
     for _ in range(3):
         float(step())
-    times = []
+    times, cpu = [], []
     for _ in range(args.steps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         float(step())
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)  # CPU seconds of all this worker's threads
     result = {"index": rank, "size": size, "host": os.uname().nodename, "model": args.model,
-              "batch_size": args.batch_size, "step_times_s": times, "median_step_s": float(np.median(times)),
+              "batch_size": args.batch_size, "threads": args.threads, "step_times_s": times,
+              "median_step_s": float(np.median(times)), "cpu_step_time_s": float(np.median(cpu)),
               "images_per_sec": args.batch_size / float(np.median(times)),
               "checksum_trainable": checksum([v.numpy() for v in model.trainable_variables])}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"worker{rank}.json").write_text(json.dumps(result))
     return 0
+
+
+def run_workers(workers: list[str], *, wrap=None, model="seed002", batch_size=4, steps=12, threads=1,
+                timeout=300) -> list[dict]:
+    """Start one worker per 'HOST:PORT' of workers (wrap(i): the command prefix that puts worker i where its
+    host is, e.g. into a node's namespace; default: this machine), wait for all, return their result dicts in
+    index order. Every worker is killed (its whole process group) if one fails, on timeout or on interrupt."""
+    if len(workers) < 2:
+        raise ValueError(f"workers must list 2 or more 'HOST:PORT'; got {workers!r}")
+    from labkit import launch
+    out = Path(tempfile.mkdtemp(prefix="labkit-tfd-"))
+    t0, procs, logs = time.perf_counter(), [], []
+    try:
+        for i in range(len(workers)):
+            cmd = [*(wrap(i) if wrap else []), sys.executable, "-m", "labkit.tfdist_train",
+                   "--workers", ",".join(workers), "--index", str(i), "--model", model,
+                   "--batch-size", str(batch_size), "--steps", str(steps), "--threads", str(threads),
+                   "--out", str(out)]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          env=launch.child_env(), start_new_session=True))
+        for proc in procs:
+            logs.append(proc.communicate(timeout=max(1.0, timeout - (time.perf_counter() - t0)))[0])
+        results = [json.loads(p.read_text()) for p in sorted(out.glob("worker*.json"))]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        shutil.rmtree(out, ignore_errors=True)
+    if len(results) != len(workers):
+        raise RuntimeError(f"{len(results)} of {len(workers)} tf.distribute workers wrote a result\n" + "\n".join(
+            ln for log in logs for ln in log.splitlines()[-8:]))
+    return sorted(results, key=lambda r: r["index"])
+
+
+def free_ports(n: int) -> list[int]:
+    """n TCP ports on 127.0.0.1 that were free a moment ago (held open together, so all differ)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_local(np_: int = 2, **kw) -> list[dict]:
+    """np_ workers of MultiWorkerMirroredStrategy on this machine (127.0.0.1, one free port each);
+    kw: run_workers' (model, batch_size, steps, threads, timeout)."""
+    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
+        raise ValueError(f"np_ must be an int >= 2 (an allreduce needs two workers); got {np_!r}")
+    return run_workers([f"127.0.0.1:{p}" for p in free_ports(np_)], **kw)
 
 
 if __name__ == "__main__":

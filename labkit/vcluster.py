@@ -155,33 +155,14 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
 
 def tfdist_run(np_: int = 2, model="seed002", batch_size=4, steps=12, port=23456, timeout=300) -> dict:
     """tf.distribute.MultiWorkerMirroredStrategy across np_ nodes: one labkit.tfdist_train per node."""
+    from labkit import tfdist_train
     if nodes_up() < np_:
         raise RuntimeError(f"need a virtual cluster of {np_} nodes: scripts/vcluster.sh up --nodes {np_}")
-    out = Path(tempfile.mkdtemp(prefix="labkit-tfd-"))
-    workers = ",".join(f"{PREFIX}{i + 1}:{port}" for i in range(np_))
-    env = launch.child_env()
-    before, t0, procs = link_bytes(), time.perf_counter(), []
-    try:
-        for i in range(np_):
-            cmd = ["bash", str(SCRIPT), "exec", f"{PREFIX}{i + 1}", sys.executable, "-m", "labkit.tfdist_train",
-                   "--workers", workers, "--index", str(i), "--model", model, "--batch-size", str(batch_size),
-                   "--steps", str(steps), "--out", str(out)]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                          env=env, cwd=ROOT, start_new_session=True))
-        logs = []
-        for proc in procs:
-            logs.append(proc.communicate(timeout=max(1.0, timeout - (time.perf_counter() - t0)))[0])
-        wall, after = time.perf_counter() - t0, link_bytes()
-        workers_out = [json.loads(p.read_text()) for p in sorted(out.glob("worker*.json"))]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-        shutil.rmtree(out, ignore_errors=True)
-    if len(workers_out) != np_:
-        raise RuntimeError(f"{len(workers_out)} of {np_} workers wrote a result\n" + "\n".join(
-            ln for log in logs for ln in log.splitlines()[-8:]))
+    before, t0 = link_bytes(), time.perf_counter()
+    workers_out = tfdist_train.run_workers(
+        [f"{PREFIX}{i + 1}:{port}" for i in range(np_)], wrap=lambda i: ["bash", str(SCRIPT), "exec", f"{PREFIX}{i + 1}"],
+        model=model, batch_size=batch_size, steps=steps, timeout=timeout)
+    wall, after = time.perf_counter() - t0, link_bytes()
     moved = {k: {d: after[k][d] - before.get(k, {}).get(d, 0) for d in ("rx", "tx")} for k in after}
     return {"workers": workers_out, "link_bytes": moved, "wall_s": wall,
             "step_s": max(w["median_step_s"] for w in workers_out)}

@@ -70,3 +70,19 @@ def test_scratch_dir_refuses_a_path_as_prefix():
     from labkit import config
     with pytest.raises(ValueError, match="prefix"):
         config.scratch_dir("../x")
+
+
+def test_set_seed_gives_the_same_initial_weights_in_every_process():
+    """Keras 2 seeds an unseeded initializer from Python's random: tf.random.set_seed alone gives new weights
+    in every process (04's learning-rate runs started from different weights each time before this)."""
+    import subprocess
+    import sys
+    prog = ("import labkit, sys\nfrom labkit import config, models, training\n"
+            "config.set_seed(3) if sys.argv[1] == 'all' else __import__('tensorflow').random.set_seed(3)\n"
+            "m = models.get('small_cnn', input_shape=(32, 32, 3), classes=10)\n"
+            "print(training.weights_checksum([v.numpy() for v in m.trainable_weights]))")
+    def weights(how):
+        return subprocess.run([sys.executable, "-c", prog, how], capture_output=True, text=True, timeout=120,
+                              check=True).stdout.split()[-1]
+    assert weights("all") == weights("all")
+    assert weights("tf_only") != weights("tf_only")  # the trap itself, so the test notices if Keras changes

@@ -37,7 +37,7 @@ def test_arguments_parse():
 @pytest.mark.parametrize("argv, word", [
     (["--batch-size", "0"], "--batch-size"), (["--threads", "-1"], "--threads"),
     (["--model", "nosuchnet"], "--model"), (["--data", "synthetic", "--image-size", "224"], "--data synthetic"),
-    (["--barrier"], "--barrier needs --no-sync"),
+    (["--barrier"], "--barrier needs --no-sync"), (["--num-groups", "-1"], "--num-groups"),
 ])
 def test_bad_arguments_exit_2_with_one_line_before_any_model(argv, word):
     proc = subprocess.run([sys.executable, "-m", "labkit.hvd_train", *argv], capture_output=True, text=True,
@@ -78,3 +78,17 @@ def test_barrier_mode_waits_each_step_but_leaves_the_weights_apart():
     ranks = df.ranks.iloc[0]
     assert [r["barrier"] for r in ranks] == [True, True] and not any(r["sync"] for r in ranks)
     assert not bool(df.in_sync.iloc[0])  # the barrier does not average anything
+
+
+def test_one_group_changes_when_the_gradients_travel_not_what_arrives():
+    """--num-groups 1 sends all gradients in one grouped allreduce after backprop instead of tensor by tensor:
+    the averages are the same numbers (a + b of two ranks, in either order), so the same run ends with the
+    same weights, and in sync."""
+    pytest.importorskip("horovod.tensorflow")
+    from labkit import scaling
+    kw = dict(steps=3, repeats=1, warmup_steps=1, batch_size=16, data="random", progress=False)
+    default = scaling.run([2], **kw)
+    grouped = scaling.run([2], extra=("--num-groups", "1"), **kw)
+    assert [r["num_groups"] for r in grouped.ranks.iloc[0]] == [1, 1]
+    assert bool(grouped.in_sync.iloc[0]) and bool(default.in_sync.iloc[0])
+    assert grouped.checksums.iloc[0] == default.checksums.iloc[0]

@@ -34,10 +34,11 @@ def _fake_run(step_ms):
         rows = []
         for n in nps:
             # hvd_train --barrier: no gradient exchange, but a 4-byte allreduce per step
-            t = step_ms(n, "barrier" if "--barrier" in extra else sync, batch_size) / 1e3
+            kind = "barrier" if "--barrier" in extra else "one_group" if "--num-groups" in extra else sync
+            t = step_ms(n, kind, batch_size) / 1e3
             rows.append({"np": n, "batch_size": batch_size, "global_batch_size": n * batch_size,
                          "images_per_sec": n * batch_size / t, "images_per_sec_std": 0.0, "step_time_s": t,
-                         "in_sync": sync or n == 1, "ranks": [{}] * n})
+                         "cpu_step_time_s": 0.9 * t, "in_sync": sync or n == 1, "ranks": [{}] * n})
         return scaling.efficiency(pd.DataFrame(rows))
     return run
 
@@ -58,13 +59,31 @@ def test_decompose_takes_the_three_curves_apart(monkeypatch):
 
 
 def test_exchange_cost_is_the_step_time_difference(monkeypatch):
-    # the barrier alone adds 4 ms, the gradients 2 ms more
-    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: b / 6.4 + {False: 0, "barrier": 4, True: 6}[sync]))
-    cost = localscale.exchange_cost([64, 256], barrier=True)
+    # compute b/6.4 ms; the barrier alone adds 1 ms, the gradients 6 ms, as one group 3 ms; tf.distribute 2 ms
+    extra = {False: 0, "barrier": 1, True: 6, "one_group": 3}
+    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: b / 6.4 + extra[sync]))
+    calls = []
+
+    def fake_tfdist(np_, *, model, batch_size, steps, timeout):
+        calls.append((np_, model, batch_size, steps))
+        return [{"median_step_s": (batch_size / 6.4 + 2 + i) / 1e3, "cpu_step_time_s": 0.5e-3 * (i + 1),
+                 "checksum_trainable": "same"} for i in range(np_)]
+    from labkit import tfdist_train
+    monkeypatch.setattr(tfdist_train, "run_local", fake_tfdist)
+    cost = localscale.exchange_cost([64, 256], variants=localscale.EXCHANGE_VARIANTS, steps=5, repeats=2)
     assert cost.exchange_ms.tolist() == pytest.approx([6, 6])
-    assert cost.barrier_ms.tolist() == pytest.approx([4, 4])
-    assert "barrier_ms" not in localscale.exchange_cost([64]).columns  # two launches per batch by default
+    assert cost.horovod_ms.tolist() == pytest.approx([6, 6])
+    assert cost.barrier_ms.tolist() == pytest.approx([1, 1])
+    assert cost.one_group_ms.tolist() == pytest.approx([3, 3])
+    assert cost.tf_distribute_ms.tolist() == pytest.approx([3, 3])  # a synchronous step waits for the slower worker
+    assert cost.tf_distribute_cpu_ms.tolist() == pytest.approx([1.0, 1.0])  # the median of the two workers' (2 of them)
+    assert cost.horovod_cpu_ms.tolist() == pytest.approx([0.9 * 16, 0.9 * 46])
     assert cost.horovod_vs_no_sync.tolist() == pytest.approx([10 / 16, 40 / 46])
+    assert cost.one_group_vs_no_sync.tolist() == pytest.approx([10 / 13, 40 / 43])
+    assert cost.tf_distribute_in_sync.all() and cost.horovod_in_sync.all() and "barrier_in_sync" not in cost
+    assert calls == [(2, "small_cnn", 64, 10), (2, "small_cnn", 256, 10)]  # as many timed steps as Horovod's
+    plain = localscale.exchange_cost([64])
+    assert "barrier_ms" not in plain.columns and "tf_distribute_ms" not in plain.columns  # two launches by default
 
 
 @pytest.mark.parametrize("call, word", [
@@ -72,6 +91,7 @@ def test_exchange_cost_is_the_step_time_difference(monkeypatch):
     (lambda: localscale.decompose([2], threads=2), "threads"),
     (lambda: localscale.exchange_cost([]), "batches"),
     (lambda: localscale.exchange_cost([64], np_=1), "np_"),
+    (lambda: localscale.exchange_cost([64], variants=["nccl"]), "variants"),
 ])
 def test_bad_input_names_the_parameter(call, word):
     with pytest.raises(ValueError, match=word):
