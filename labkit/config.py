@@ -60,17 +60,41 @@ def data_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".labkit" / "data"
 
 
+OWNER_FILE = ".labkit-owner"
+
+
 def scratch_dir(prefix: str) -> Path:
     """A new private folder in the system's temporary directory for one notebook's checkpoints or results,
-    removed with everything in it when this Python process (the notebook's kernel) exits. (01, 05)"""
+    removed with everything in it when this Python process (the notebook's kernel) exits. A kernel that is
+    killed (a test runner's or a server's hard stop) cannot clean up: its folder records the kernel's pid,
+    and the next scratch_dir call with the same prefix removes this user's folders whose process is gone.
+    (01, 05)"""
     import atexit
     import shutil
     import tempfile
     if not isinstance(prefix, str) or not prefix or "/" in prefix:
         raise ValueError(f"prefix must be a non-empty name without '/'; got {prefix!r}")
+    for old in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        if _orphaned(old):
+            shutil.rmtree(old, ignore_errors=True)
     path = Path(tempfile.mkdtemp(prefix=prefix))
+    (path / OWNER_FILE).write_text(str(os.getpid()))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+def _orphaned(path: Path) -> bool:
+    """True for a scratch folder of this user whose recorded process no longer exists."""
+    try:
+        if path.is_symlink() or path.stat().st_uid != os.getuid():
+            return False
+        pid = int((path / OWNER_FILE).read_text().strip())
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):  # no owner file (not ours), unreadable, or alive under another user
+        return False
+    return False
 
 
 def set_seed(seed: int = 42, deterministic: bool = False) -> int:

@@ -65,6 +65,33 @@ def test_scratch_dir_is_private_and_removed_when_the_process_exits(tmp_path):
     assert not __import__("os").path.exists(path), "the folder outlived its process"
 
 
+def test_a_killed_kernels_scratch_dir_is_removed_by_the_next_one(tmp_path):
+    """A kernel killed outright (nbval stops kernels with SIGKILL) runs no exit handler; the next scratch_dir
+    with that prefix removes the orphan, and leaves a live process's folder and folders it did not make."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    killed = subprocess.run([sys.executable, "-c", "import os; from labkit import config; "
+                             "p = config.scratch_dir('labkit-test-'); print(p); os._exit(9)"],
+                            capture_output=True, text=True, env=env).stdout.split()[-1]
+    assert os.path.isdir(killed)
+    foreign = tmp_path / "labkit-test-foreign"  # no owner file: not made by scratch_dir
+    foreign.mkdir()
+    alive = subprocess.Popen([sys.executable, "-c", "import sys, time; from labkit import config; "
+                              "print(config.scratch_dir('labkit-test-'), flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        alive_dir = alive.stdout.readline().strip()
+        assert not os.path.exists(killed), "the killed kernel's folder was left behind"
+        subprocess.run([sys.executable, "-c", "from labkit import config; config.scratch_dir('labkit-test-')"],
+                       check=True, env=env)
+        assert os.path.isdir(alive_dir) and foreign.is_dir()
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_scratch_dir_refuses_a_path_as_prefix():
     import pytest
     from labkit import config
