@@ -40,6 +40,26 @@ def rate_bits(rate: str) -> float:
     return float(m[1]) * RATE_UNITS[m[2]]
 
 
+def parse_link(link: str) -> tuple[str, str]:
+    """A link setting: a tc rate, optionally '+' a one-way delay in tc's time syntax: '1gbit' -> ('1gbit', '0'),
+    '50mbit+5ms' -> ('50mbit', '5ms')."""
+    rate, _, delay = str(link).strip().lower().partition("+")
+    rate_bits(rate)
+    delay = delay or "0"
+    delay_s(delay)
+    return rate, delay
+
+
+def delay_s(delay: str) -> float:
+    """tc's time string in seconds: '0' -> 0, '5ms' -> 0.005, '200us' -> 0.0002."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(us|ms|s)", str(delay).strip())
+    if str(delay).strip() == "0":
+        return 0.0
+    if not m:
+        raise ValueError(f"delay must be a tc time such as '5ms' or '200us' (or '0'); got {delay!r}")
+    return float(m[1]) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m[2]]
+
+
 def why_not() -> str | None:
     """None when this machine can build the virtual cluster, else the reason in one line."""
     if sys.platform != "linux":
@@ -68,10 +88,11 @@ def up(nodes: int = 2, rate: str = "1gbit") -> str:
     return _script("up", "--nodes", str(int(nodes)), "--rate", rate).stdout
 
 
-def shape(rate: str) -> None:
-    """Set every node's link to `rate` (both directions)."""
+def shape(rate: str, delay: str = "0") -> None:
+    """Set every node's link to `rate` (both directions) and a one-way `delay` on each node's way out."""
     rate_bits(rate)
-    _script("shape", "--rate", rate)
+    delay_s(delay)
+    _script("shape", "--rate", rate, "--delay", delay)
 
 
 def down() -> None:
@@ -230,17 +251,19 @@ def summarize(ranks, p: int) -> dict:
             "hosts": [r["host"] for r in ranks]}
 
 
-def run_setting(rate: str, model="seed002", batch_size=4, steps=3, repeats=4, np_=2, env_extra=None,
+def run_setting(link: str, model="seed002", batch_size=4, steps=3, repeats=4, np_=2, env_extra=None,
                 sizes=(4096, 65536, 262144, 1 << 20, 4 << 20), variants="compute,sync,sync_fp16", chain=3,
                 calib_repeats=5) -> dict:
-    """Shape the links to `rate`, then one launch of labkit.linkbench across np_ nodes, summarised."""
-    shape(rate)
+    """Shape the links to `link` (a rate, or rate+delay: see parse_link), then one launch of labkit.linkbench
+    across np_ nodes, summarised."""
+    rate, delay = parse_link(link)
+    shape(rate, delay)
     run = hvd_run(np_, ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", repeats,
                         "--sizes", ",".join(map(str, sizes)), "--variants", variants, "--chain", chain,
                         "--calib-repeats", calib_repeats],
                   module="labkit.linkbench", env_extra=env_extra)
     res = summarize(run["ranks"], np_)
-    res.update(rate=rate, rate_bits=rate_bits(rate), link_bytes=run["link_bytes"], wall_s=run["wall_s"],
+    res.update(link=link, rate=rate, rate_bits=rate_bits(rate), delay_s=delay_s(delay), link_bytes=run["link_bytes"], wall_s=run["wall_s"],
                load_average=os.getloadavg()[0], env=dict(env_extra or {}))
     res["ratio"] = res["steps"]["sync"]["median_s"] / res["predicted"]["sync_s"]
     return res
@@ -248,7 +271,8 @@ def run_setting(rate: str, model="seed002", batch_size=4, steps=3, repeats=4, np
 
 def measure(rates=("1gbit", "200mbit", "50mbit"), model="seed002", batch_size=4, np_=2, progress=print,
             **kw) -> dict:
-    """The whole experiment at each link rate: calibration, fit, interleaved training variants, prediction."""
+    """The whole experiment at each link setting (a rate, or rate+delay: see parse_link): calibration, fit,
+    interleaved training variants, prediction."""
     from labkit import machine
     rows = []
     for rate in rates:
@@ -259,7 +283,8 @@ def measure(rates=("1gbit", "200mbit", "50mbit"), model="seed002", batch_size=4,
                  f"(compute alone {pr['compute_s'] * 1e3:.0f} ms)")
         rows.append(res)
     # tensor fusion off (one allreduce per gradient tensor) at the slowest link, beside the default
-    slow = min(rates, key=rate_bits)
+    slow = min((r for r in rates if parse_link(r)[1] == "0"), key=lambda r: rate_bits(parse_link(r)[0]),
+               default=rates[0])
     no_fusion = run_setting(slow, model, batch_size, np_=np_, env_extra={"HOROVOD_FUSION_THRESHOLD": "0"},
                             variants="compute,sync", sizes=(4096, 65536), **kw)
     progress(f"{slow}, fusion off: step {no_fusion['steps']['sync']['median_s'] * 1e3:.0f} ms "
@@ -274,12 +299,14 @@ def load_results(path=RESULTS) -> dict:
 
 
 def table(results: dict):
-    """One row per link rate: tc rate, fitted bandwidth and latency, measured vs predicted step time."""
+    """One row per link setting: tc rate and one-way delay, fitted bandwidth and latency, measured vs predicted
+    step time."""
     import pandas as pd
     rows = []
     for s in results["settings"]:
         cal = s["calibration"]
-        rows.append({"link (tc rate)": s["rate"], "fitted bandwidth (Mbit/s)": cal["bandwidth_bits"] / 1e6,
+        rows.append({"link (tc rate)": s.get("link", s["rate"]), "one-way delay (ms)": s.get("delay_s", 0.0) * 1e3,
+                     "fitted bandwidth (Mbit/s)": cal["bandwidth_bits"] / 1e6,
                      "fitted / tc rate": cal["bandwidth_bits"] / s["rate_bits"],
                      "latency alpha (us)": cal["alpha_s"] * 1e6,
                      "compute alone (ms)": s["predicted"]["compute_s"] * 1e3,
@@ -291,10 +318,11 @@ def table(results: dict):
 
 
 def plot(results: dict, ax=None):
-    """Measured vs predicted step time against link speed, the compute part shaded."""
+    """Measured vs predicted step time against link speed (settings without added delay), the compute part
+    shaded."""
     import matplotlib.pyplot as plt
     ax = ax or plt.subplots(figsize=(6, 3.8))[1]
-    settings = sorted(results["settings"], key=lambda s: s["rate_bits"])
+    settings = sorted((s for s in results["settings"] if not s.get("delay_s")), key=lambda s: s["rate_bits"])
     x = [s["rate_bits"] / 1e6 for s in settings]
     ax.plot(x, [s["predicted"]["sync_s"] * 1e3 for s in settings], "o--", label="predicted (compute + allreduce model)")
     ax.plot(x, [s["steps"]["sync"]["median_s"] * 1e3 for s in settings], "s-", label="measured, 2 nodes")
@@ -308,13 +336,31 @@ def plot(results: dict, ax=None):
     return ax
 
 
+def plot_calibration(results: dict, ax=None):
+    """hvd.allreduce time against message size at each link setting: measured points, fitted model lines."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(6, 3.8))[1]
+    for s in sorted(results["settings"], key=lambda s: (-s["rate_bits"], s.get("delay_s", 0.0))):
+        cal = s["calibration"]
+        kb = [b / 1e3 for b in cal["bytes"]]
+        line, = ax.plot(kb, [t * 1e3 for t in cal["time_s"]], "o", label=s.get("link", s["rate"]))
+        ax.plot(kb, [t * 1e3 for t in cal["model_s"]], "-", color=line.get_color(), alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (kB)")
+    ax.set_ylabel("hvd.allreduce time (ms)")
+    ax.legend(fontsize=8, title="link (+ one-way delay)", title_fontsize=8)
+    return ax
+
+
 def main(argv=None) -> int:
     import argparse
 
     from labkit import nodescale
     p = argparse.ArgumentParser(prog="python -m labkit.vcluster",
                                 description="Calibrate and check the allreduce model on the virtual cluster.")
-    p.add_argument("--rates", default="1gbit,200mbit,50mbit", help="comma-separated tc rates")
+    p.add_argument("--rates", default="1gbit,200mbit,50mbit",
+                   help="comma-separated link settings: tc rates, each optionally +DELAY (one way), e.g. 50mbit+5ms")
     p.add_argument("--model", default="seed002")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--nodes", default="2", help="node counts, e.g. 2,3,4 for weak scaling over nodes "
@@ -324,7 +370,7 @@ def main(argv=None) -> int:
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     try:
         for r in rates:
-            rate_bits(r)
+            parse_link(r)
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1; got {args.batch_size}")
         if not re.fullmatch(r"\d+(,\d+)*", args.nodes) or min(map(int, args.nodes.split(","))) < 2:
@@ -340,7 +386,7 @@ def main(argv=None) -> int:
     over_nodes = len(nodes) > 1  # weak scaling over node counts (labkit.nodescale) or the 2-node experiment
     started = nodes_up() < max(nodes)
     if started:
-        up(max(nodes), rates[0])
+        up(max(nodes), parse_link(rates[0])[0])
     try:
         res = nodescale.by_nodes(nodes, rates, args.model, args.batch_size) if over_nodes else \
             measure(rates, args.model, args.batch_size)

@@ -9,9 +9,9 @@
 #
 # Each node is a network namespace labkit-nodeK (with its own hostname) joined by a veth link to one
 # bridge, labkit-br0, on a private /24 that exists only on these links. Every node's link is shaped with
-# tc to RATE in both directions (tbf), plus a one-way DELAY on the way out of each node when asked (tc netem:
-# a message between two nodes then takes DELAY more, a round trip 2 x DELAY; kernels without netem get
-# a clear error for --delay and still shape the rate).
+# tc to RATE in both directions (tbf), plus a one-way DELAY on the way out of each node when asked (tc netem,
+# or on kernels without it scripts/delay_relay.py in each node: a message between two nodes then takes DELAY
+# more, a round trip 2 x DELAY).
 # Inside each node run an sshd (for `horovodrun -H labkit-node1:1,labkit-node2:1`; its key lives in a
 # 0700 directory of the cluster's own) and a slurmd; slurmctld and munged run on the host, munge's
 # socket is a file every namespace sees. Names resolve through /etc/hosts lines marked "# labkit-vcluster".
@@ -55,22 +55,60 @@ need_commands() {
 
 nodes_up() { [ -f "$DIR/nodes" ] && cat "$DIR/nodes" || echo 0; }
 
-# shape NODE_INDEX RATE DELAY: both ends of the node's link at RATE (tbf); DELAY (netem) on the node's side
+# shape NODE_INDEX RATE DELAY: both ends of the node's link at RATE (tbf); DELAY on the node's way out, by
+# tc netem where the kernel has it, else by scripts/delay_relay.py: the node routes its own packets for the
+# other nodes through a TUN device (lkd0) that the relay holds each packet in for DELAY, then forwards them
+# out of eth0 (policy routing: table 101 for locally made packets to the cluster's /24, the host excepted)
 shape_node() {
   local i="$1" rate="$2" delay="$3"
-  if [ "$delay" = 0 ]; then
-    ip netns exec "$PREFIX$i" tc qdisc replace dev eth0 root tbf rate "$rate" burst 16kb latency 100ms
-  else
+  stop_relay "$i"
+  if [ "$delay" != 0 ] && have_netem; then
     ip netns exec "$PREFIX$i" tc qdisc replace dev eth0 root netem delay "$delay" rate "$rate" limit 10000
+  else
+    ip netns exec "$PREFIX$i" tc qdisc replace dev eth0 root tbf rate "$rate" burst 16kb latency 100ms
+    [ "$delay" = 0 ] || start_relay "$i" "$delay"
   fi
   tc qdisc replace dev "lkv$i" root tbf rate "$rate" burst 16kb latency 100ms
 }
 
-check_delay() {  # a delay needs tc netem, which some kernels leave out (CONFIG_NET_SCH_NETEM)
+have_netem() {  # some kernels leave tc netem out (CONFIG_NET_SCH_NETEM)
+  unshare --net tc qdisc add dev lo root netem delay 1ms 2> /dev/null
+}
+
+start_relay() {  # start_relay NODE_INDEX DELAY
+  local i="$1" delay="$2" ns="$PREFIX$1"
+  start_daemon "delay-$i" "$ns" "$(command -v python3)" "$HERE/delay_relay.py" --dev lkd0 --delay "$delay" \
+    --mtu "$MTU" --node "$ns"
+  wait_for 10 "the delay relay on $ns" ip netns exec "$ns" ip link show lkd0
+  ip netns exec "$ns" sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
+    net.ipv4.conf.lkd0.rp_filter=0 net.ipv4.conf.lkd0.accept_local=1 net.ipv4.conf.all.send_redirects=0 \
+    net.ipv4.conf.eth0.send_redirects=0 net.ipv4.conf.all.accept_redirects=0
+  ip netns exec "$ns" ip link set lkd0 mtu "$MTU" up
+  ip netns exec "$ns" ip route replace "$SUBNET.0/24" dev lkd0 src "$SUBNET.$i" table 101
+  ip netns exec "$ns" ip route replace throw "$HOST_IP" table 101
+  ip netns exec "$ns" ip rule add pref 100 iif lo to "$SUBNET.0/24" lookup 101
+}
+
+stop_relay() {  # stop_relay NODE_INDEX: the node's relay, its device and routes, if any
+  local i="$1" ns="$PREFIX$1" pid name
+  [ -f "$DIR/pids" ] || return 0
+  while read -r pid name; do
+    if [ "$name" = "delay-$i" ] && ours "$pid"; then kill "$pid" 2> /dev/null || true; fi
+  done < "$DIR/pids"
+  grep -v " delay-$i\$" "$DIR/pids" > "$DIR/pids.tmp" || true
+  mv "$DIR/pids.tmp" "$DIR/pids"
+  ip netns exec "$ns" ip rule del pref 100 2> /dev/null || true
+  ip netns exec "$ns" ip route flush table 101 2> /dev/null || true
+  local t=0
+  while ip netns exec "$ns" ip link show lkd0 > /dev/null 2>&1 && [ "$t" -lt 25 ]; do sleep 0.2; t=$((t + 1)); done
+}
+
+check_delay() {  # without netem, a delay needs python3 for scripts/delay_relay.py and a TUN device
   valid_delay "$1" || die "--delay must be a tc time such as 0.2ms or 50us (or 0 for none); got '$1'"
   [ "$1" = 0 ] && return 0
-  unshare --net tc qdisc add dev lo root netem delay "$1" 2> /dev/null \
-    || die "--delay needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM); use --delay 0 (rate only, tbf)"
+  have_netem && return 0
+  command -v python3 > /dev/null 2>&1 || die "--delay needs tc netem (absent from this kernel) or python3 for scripts/delay_relay.py"
+  [ -c /dev/net/tun ] || die "--delay needs tc netem (absent from this kernel) or a TUN device (/dev/net/tun) for scripts/delay_relay.py"
 }
 
 start_daemon() {  # start_daemon NAME NETNS|- COMMAND...: background, pid recorded in $DIR/pids

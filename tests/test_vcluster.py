@@ -73,6 +73,7 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
 @pytest.mark.parametrize("args, expected", [
     (["--rates", "fast"], "vcluster: rate must be a tc rate such as '1gbit' or '100mbit'; got 'fast'"),
     (["--batch-size", "0"], "vcluster: --batch-size must be >= 1; got 0"),
+    (["--rates", "50mbit+soon"], "vcluster: delay must be a tc time such as '5ms' or '200us' (or '0'); got 'soon'"),
     (["--nodes", "1,2"], "vcluster: --nodes must be node counts >= 2 separated by commas, e.g. 2,3,4; got '1,2'"),
 ])
 def test_measure_cli_bad_input_is_one_line_and_exit_2(args, expected):
@@ -119,6 +120,16 @@ def test_by_nodes_predicts_more_nodes_from_the_fewest_nodes_fit(monkeypatch):
     for bad in ((1, 2), (2, "3"), (2,)):
         with pytest.raises(ValueError, match="nodes must be two or more node counts >= 2"):
             nodescale.by_nodes(bad)
+
+
+@pytest.mark.parametrize("link, expected", [("1gbit", ("1gbit", "0")), ("50mbit+5ms", ("50mbit", "5ms")),
+                                            ("100Mbit+200us", ("100mbit", "200us"))])
+def test_parse_link_splits_rate_and_delay(link, expected):
+    assert vcluster.parse_link(link) == expected
+
+
+def test_delay_s_follows_tc_units():
+    assert [vcluster.delay_s(d) for d in ("0", "5ms", "200us", "0.5s")] == pytest.approx([0, 0.005, 0.0002, 0.5])
 
 
 def test_rate_bits_follows_tc_units():
@@ -273,6 +284,62 @@ def test_allreduce_model_fitted_at_the_link_rate_predicts_the_training_step(clus
     assert res["ratio"] == pytest.approx(1.0, abs=0.35), detail
     assert res["checksums"][0] == res["checksums"][1], detail
     assert min(b["rx"] for b in res["link_bytes"].values()) > res["grad_bytes"], detail
+
+
+UDP_ECHO = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if sys.argv[1] == "serve":
+    s.bind((sys.argv[2], 9999)); s.settimeout(20)
+    d, a = s.recvfrom(100)
+    while d != b"end":
+        s.sendto(d, a); d, a = s.recvfrom(100)
+else:
+    s.settimeout(5); rtts = []
+    for _ in range(15):
+        t = time.perf_counter(); s.sendto(b"x", (sys.argv[2], 9999)); s.recvfrom(100); rtts.append(time.perf_counter() - t)
+    s.sendto(b"end", (sys.argv[2], 9999)); print(sorted(rtts)[7])
+"""
+
+
+def _udp_rtt(src: str, dst_node: str, dst_ip: str) -> float:
+    env = dict(os.environ, PATH=SBIN_PATH)
+    server = subprocess.Popen(["ip", "netns", "exec", dst_node, sys.executable, "-c", UDP_ECHO, "serve", dst_ip], env=env)
+    try:
+        time.sleep(1.0)
+        out = subprocess.run(["ip", "netns", "exec", src, sys.executable, "-c", UDP_ECHO, "ask", dst_ip],
+                             capture_output=True, text=True, timeout=60, check=True, env=env).stdout
+        return float(out)
+    finally:
+        server.wait(timeout=30)
+
+
+def test_link_delay_adds_its_latency_to_every_allreduce(cluster):
+    """--delay holds every packet leaving a node (tc netem, or scripts/delay_relay.py where the kernel lacks it).
+
+    Oracles: a UDP round trip between the nodes takes 2 x the one-way delay (+ the relay's own ~1 ms at most);
+    a 2-rank ring allreduce crosses the link at least twice in sequence, so the fitted latency per message
+    (T = 2 alpha + ...) grows by at least the delay; the bandwidth stays the tc rate and the model still
+    predicts the synced training step."""
+    delay = 0.005
+    node2_ip = re.search(r"labkit-node2\s+(\S+)", sh("status").stdout)[1]
+    try:
+        cluster.shape("100mbit", "5ms")
+        rtt = _udp_rtt("labkit-node1", "labkit-node2", node2_ip)
+        assert 2 * delay <= rtt < 2 * delay + 1e-3, rtt
+        res = cluster.run_setting("100mbit+5ms", steps=3, repeats=3, variants="compute,sync", chain=2,
+                                  calib_repeats=3, sizes=(4096, 65536, 262144, 1 << 20, 4 << 20))
+    finally:
+        cluster.shape("100mbit")
+    cal = res["calibration"]
+    detail = (f"alpha {cal['alpha_s'] * 1e3:.1f} ms, {cal['bandwidth_bits'] / 1e6:.0f} Mbit/s, "
+              f"step measured/predicted {res['ratio']:.2f}, load {res['load_average']:.1f}")
+    assert res["delay_s"] == delay and res["link"] == "100mbit+5ms"
+    assert delay < cal["alpha_s"] < 8 * delay, detail
+    assert cal["bandwidth_bits"] == pytest.approx(res["rate_bits"], rel=0.35), detail
+    assert res["ratio"] == pytest.approx(1.0, abs=0.35), detail
+    assert res["checksums"][0] == res["checksums"][1], detail
+    assert _udp_rtt("labkit-node1", "labkit-node2", node2_ip) < 1e-3, "the delay went away with the shape"
 
 
 def test_labkit_scale_with_hosts_runs_across_the_nodes(cluster, tmp_path):
