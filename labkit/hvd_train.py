@@ -102,12 +102,15 @@ def parse_args(argv=None):
 
 
 def _setup(args):
-    """hvd.init, thread limits and GPU pinning; must run before TensorFlow executes any op."""
+    """hvd.init, thread limits and GPU pinning; must run before TensorFlow executes any op. Also returns the
+    ids of the threads hvd.init started (Horovod's background thread and Gloo's network threads)."""
     import tensorflow as tf
     import horovod.tensorflow as hvd
     labkit.quiet()
     from labkit import gpu, machine
+    before = set(machine.thread_cpu_seconds())
     hvd.init()
+    comm_tids = set(machine.thread_cpu_seconds()) - before
     threads = args.threads or machine.default_threads(local_size=hvd.local_size())
     machine.limit_threads(threads)
     if args.inter_threads:
@@ -115,7 +118,7 @@ def _setup(args):
 
     gpus = tf.config.list_physical_devices("GPU")
     gpu.pin_to_local_rank(hvd.local_rank(), gpus)  # one GPU per rank, chosen by local rank (Horovod's recipe)
-    return tf, hvd, threads, len(gpus)
+    return tf, hvd, threads, len(gpus), comm_tids
 
 
 def _load_data(tf, args, rank, size):
@@ -146,8 +149,37 @@ def _load_data(tf, args, rank, size):
     return iter(ds), name, len(x), mine, x.shape[1:]
 
 
+THREAD_ROLES = ("training", "horovod_background", "gloo_network")
+
+
+def _thread_snapshot() -> dict:
+    """{thread id: (CPU seconds so far, the kernel function it sleeps in)} for this process; {} without /proc."""
+    from labkit import machine
+    return {tid: (sec, machine.thread_wait_channel(tid)) for tid, sec in machine.thread_cpu_seconds().items()}
+
+
+def thread_cpu_by_role(start: dict, end: dict, comm_tids, steps: int) -> dict:
+    """CPU milliseconds per step of this process's threads between two _thread_snapshot()s, summed by role:
+    the threads hvd.init started that were seen sleeping in epoll (Gloo's network event loops) are
+    'gloo_network', the other ones it started (Horovod's background thread) 'horovod_background', every
+    other thread (Python's, TensorFlow's pools) 'training'. {} without snapshots."""
+    if not start or not end:
+        return {}
+    out = dict.fromkeys(THREAD_ROLES, 0.0)
+    for tid, (sec, wchan) in end.items():
+        sec0, wchan0 = start.get(tid, (0.0, ""))  # a thread started in between counts from zero
+        if tid not in comm_tids:
+            role = "training"
+        elif "epoll" in wchan or "epoll" in wchan0:
+            role = "gloo_network"
+        else:
+            role = "horovod_background"
+        out[role] += sec - sec0
+    return {role: round(1e3 * sec / max(1, steps), 4) for role, sec in out.items()}
+
+
 def train(args) -> dict:
-    tf, hvd, threads, n_gpus = _setup(args)
+    tf, hvd, threads, n_gpus, comm_tids = _setup(args)
     rank, size = hvd.rank(), hvd.size()
     ds, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
     from labkit import config, models, training
@@ -198,6 +230,8 @@ def train(args) -> dict:
         if i == args.fault_at_step and rank == args.hang_rank:
             print(f"rank {rank}: hanging on purpose at step {i} (--hang-rank)", file=sys.stderr, flush=True)
             time.sleep(10**6)
+        if i == args.warmup_steps:
+            threads_at_start = _thread_snapshot()
         xb, yb = next(it)
         c0, t0 = time.process_time(), time.perf_counter()
         loss = float(step(xb, yb))  # float() waits for the step to finish: honest per-step time
@@ -214,6 +248,8 @@ def train(args) -> dict:
             if log_f:
                 log_f.write(json.dumps(msg) + "\n")
                 log_f.flush()
+
+    thread_cpu_ms = thread_cpu_by_role(threads_at_start, _thread_snapshot(), comm_tids, args.steps * args.repeats)
 
     import numpy as np
     # metric averaging: one allreduce of the whole loss history at the end, not one per step
@@ -233,6 +269,7 @@ def train(args) -> dict:
         "jit": args.jit,
         "step_times_s": [round(t, 6) for t in step_times],
         "cpu_step_time_s": float(np.median(cpu_times)), "cpu_step_times_s": [round(t, 6) for t in cpu_times],
+        "thread_cpu_ms_per_step": thread_cpu_ms,
         "loss_local": [round(v, 5) for v in losses],
         "loss_avg": [round(float(v), 5) for v in loss_avg],
         "final_loss": float(loss_avg[-1]), "final_loss_local": float(losses[-1]),
@@ -250,7 +287,7 @@ def train(args) -> dict:
 def bench_allreduce(args) -> dict:
     """Median time of one hvd.allreduce per message size (a chain of dependent allreduces per call)."""
     import numpy as np
-    tf, hvd, threads, _ = _setup(args)
+    tf, hvd, threads, _, _ = _setup(args)
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
     for nbytes in sizes:

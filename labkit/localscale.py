@@ -79,6 +79,16 @@ def plot_decomposition(table, ax=None, title=None):
     return ax
 
 
+def _comm_threads(name, launch) -> dict:
+    """{name_gloo_cpu_ms, name_hvd_thread_cpu_ms}: the workers' mean CPU ms per step of Gloo's network threads
+    and Horovod's background thread, from hvd_train's per-thread report; {} when a worker has none."""
+    per_rank = [r.get("thread_cpu_ms_per_step") or {} for r in launch.get("ranks") or []]
+    if not per_rank or not all(per_rank):
+        return {}
+    mean = lambda role: sum(r[role] for r in per_rank) / len(per_rank)  # noqa: E731
+    return {f"{name}_gloo_cpu_ms": mean("gloo_network"), f"{name}_hvd_thread_cpu_ms": mean("horovod_background")}
+
+
 EXCHANGE_VARIANTS = ("barrier", "one_group", "tf_distribute")
 
 
@@ -98,7 +108,10 @@ def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **ru
     step times in ms (median over ranks and steps), what each adds to the step without exchange (X_ms), CPU
     milliseconds per step of one worker's process (X_cpu_ms, all its threads: time on a core, not waiting
     for one), the share of the exchange-free speed each keeps (X_vs_no_sync = step time without exchange /
-    with) and whether the workers' weights ended equal."""
+    with) and whether the workers' weights ended equal. Where the workers report their threads' CPU time
+    (Linux), the Horovod launches add X_gloo_cpu_ms and X_hvd_thread_cpu_ms: milliseconds per step of Gloo's
+    network threads and of Horovod's background thread, the mean of the workers (hvd_train's
+    thread_cpu_ms_per_step)."""
     import pandas as pd
     batches = [batches] if isinstance(batches, int) else list(batches)
     if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
@@ -116,7 +129,8 @@ def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **ru
     rows = []
     for b in batches:
         free = scaling.run([np_], batch_size=b, sync=False, progress=progress, extra=extra, **run_kw).iloc[0]
-        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"]}
+        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"],
+               **_comm_threads("no_sync", free)}
         for name in ["horovod", *variants]:
             if name == "tf_distribute":
                 from labkit import tfdist_train
@@ -130,6 +144,7 @@ def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **ru
                 kw = {"extra": extra, **launches[name]}
                 r = scaling.run([np_], batch_size=b, progress=progress, **kw, **run_kw).iloc[0]
                 step, cpu, in_sync = r["step_time_s"], r["cpu_step_time_s"], bool(r["in_sync"])
+                row.update(_comm_threads(name, r))
             row.update({f"{name}_step_ms": 1e3 * step, f"{name}_ms": 1e3 * step - row["no_sync_step_ms"],
                         f"{name}_cpu_ms": 1e3 * cpu, f"{name}_vs_no_sync": row["no_sync_step_ms"] / (1e3 * step)})
             if name != "barrier":  # the barrier's workers drift apart by design: nothing to compare

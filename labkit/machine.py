@@ -126,6 +126,41 @@ def thread_report() -> dict:
     return report
 
 
+def thread_cpu_seconds(task_dir: Path | str = "/proc/self/task") -> dict:
+    """CPU seconds so far of each of this process's threads, {thread id: seconds}, from Linux's /proc
+    (schedstat: nanoseconds on a core; stat's user + system ticks where schedstat is missing). {} where
+    there is no /proc (macOS). Time waiting for a core is not counted. (04_horovod_scaling)"""
+    task_dir = Path(task_dir)
+    try:
+        tids = [d.name for d in task_dir.iterdir()]
+    except OSError:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for tid in tids:
+        try:
+            out[int(tid)] = int((task_dir / tid / "schedstat").read_text().split()[0]) / 1e9
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
+        try:  # fields after the ")" that ends the thread's name: utime and stime are the 12th and 13th
+            fields = (task_dir / tid / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            pass  # the thread ended between the listing and the read
+    return out
+
+
+def thread_wait_channel(tid: int, task_dir: Path | str = "/proc/self/task") -> str:
+    """The kernel function thread `tid` of this process sleeps in ('do_epoll_wait' for an event loop,
+    'futex_wait_queue' or similar for a lock or condition); '' when running, unknown or unreadable."""
+    try:
+        name = (Path(task_dir) / str(tid) / "wchan").read_text().strip()
+    except OSError:
+        return ""
+    return "" if name == "0" else name
+
+
 # ----------------------------------------------------------------------------------------------------
 # BLAS and oneDNN
 

@@ -92,3 +92,29 @@ def test_one_group_changes_when_the_gradients_travel_not_what_arrives():
     assert [r["num_groups"] for r in grouped.ranks.iloc[0]] == [1, 1]
     assert bool(grouped.in_sync.iloc[0]) and bool(default.in_sync.iloc[0])
     assert grouped.checksums.iloc[0] == default.checksums.iloc[0]
+
+
+def test_thread_cpu_by_role_sorts_threads_by_who_started_them():
+    """hvd.init started threads 11 (Horovod's loop) and 12 (Gloo's, seen in epoll at the end only); 1 is
+    Python's, 20 a TensorFlow thread started after the first snapshot: it counts from zero."""
+    start = {1: (1.0, ""), 11: (0.5, "futex_wait_queue"), 12: (0.2, "")}
+    end = {1: (1.5, ""), 11: (0.6, "hrtimer_nanosleep"), 12: (0.5, "do_epoll_wait"), 20: (0.3, "futex_wait_queue")}
+    got = ht.thread_cpu_by_role(start, end, comm_tids={11, 12}, steps=100)
+    assert got == pytest.approx({"training": (0.5 + 0.3) * 10, "horovod_background": 0.1 * 10,
+                                 "gloo_network": 0.3 * 10})  # ms per step: s / 100 steps * 1000
+    assert ht.thread_cpu_by_role({}, end, {11}, 10) == {}  # no /proc: nothing to say
+
+
+def test_two_ranks_report_their_threads_cpu_time():
+    """Each rank splits its CPU time per step among its training threads, Horovod's background thread and
+    Gloo's network threads; the three add up to the process's own CPU time per step (time.process_time)."""
+    pytest.importorskip("horovod.tensorflow")
+    if not pathlib.Path("/proc/self/task").is_dir():
+        pytest.skip("per-thread CPU time is read from Linux's /proc")
+    from labkit import scaling
+    df = scaling.run([2], steps=10, repeats=1, warmup_steps=2, batch_size=16, data="random", progress=False)
+    for r in df.ranks.iloc[0]:
+        roles = r["thread_cpu_ms_per_step"]
+        assert set(roles) == set(ht.THREAD_ROLES) and roles["training"] > 0
+        mean_cpu_ms = 1e3 * sum(r["cpu_step_times_s"]) / len(r["cpu_step_times_s"])
+        assert sum(roles.values()) == pytest.approx(mean_cpu_ms, rel=0.2)

@@ -96,3 +96,20 @@ def test_exchange_cost_is_the_step_time_difference(monkeypatch):
 def test_bad_input_names_the_parameter(call, word):
     with pytest.raises(ValueError, match=word):
         call()
+
+
+def test_exchange_cost_reports_the_communication_threads(monkeypatch):
+    # workers report their threads: Gloo's network thread takes 0.5 ms per step idle, 3 and 5 ms with the exchange
+    def run(nps, *, sync=True, batch_size=64, extra=(), **kw):
+        gloo = [3.0, 5.0] if sync else [0.5, 0.5]
+        ranks = [{"thread_cpu_ms_per_step": {"training": 9.0, "horovod_background": 0.4 + sync * 0.2,
+                                             "gloo_network": g}} for g in gloo]
+        return pd.DataFrame([{"np": 2, "step_time_s": 0.012 if sync else 0.009, "cpu_step_time_s": 0.01,
+                              "in_sync": sync, "ranks": ranks}])
+    monkeypatch.setattr(scaling, "run", run)
+    cost = localscale.exchange_cost([64]).iloc[0]
+    assert cost.no_sync_gloo_cpu_ms == pytest.approx(0.5) and cost.horovod_gloo_cpu_ms == pytest.approx(4.0)
+    assert cost.no_sync_hvd_thread_cpu_ms == pytest.approx(0.4) and cost.horovod_hvd_thread_cpu_ms == pytest.approx(0.6)
+    # a worker without the report (no /proc): no columns rather than a made-up number
+    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: 10.0))
+    assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)

@@ -129,3 +129,62 @@ def test_onednn_kernels_name_tensorflows_conv_kernel_as_its_verbose_mode_does():
         assert "Eigen" in kernels["conv2d"]
     with pytest.raises(ValueError, match="channels"):
         machine.onednn_kernels(channels=0)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread CPU time is read from Linux's /proc")
+def test_thread_cpu_seconds_tells_a_busy_thread_from_a_sleeping_one():
+    import threading
+    import time
+    ids, stop = {}, threading.Event()
+
+    def spin():
+        ids["spin"] = threading.get_native_id()
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.3:  # 0.3 s of this thread's own CPU time (the oracle)
+            pass
+        stop.wait()
+
+    def sleep():
+        ids["sleep"] = threading.get_native_id()
+        stop.wait()
+
+    threads = [threading.Thread(target=spin), threading.Thread(target=sleep)]
+    for t in threads:
+        t.start()
+    while len(ids) < 2 or threads[0].is_alive() and machine.thread_cpu_seconds().get(ids["spin"], 0) < 0.3:
+        time.sleep(0.01)
+    cpu = machine.thread_cpu_seconds()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert 0.28 < cpu[ids["spin"]] < 1.0
+    assert cpu[ids["sleep"]] < 0.05
+    assert machine.thread_cpu_seconds("/nonexistent/task") == {}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="wait channels are read from Linux's /proc")
+def test_thread_wait_channel_names_an_event_loop_wait():
+    import select
+    import threading
+    import time
+    if not hasattr(select, "epoll"):
+        pytest.skip("no epoll on this system")
+    ready, tid = threading.Event(), {}
+
+    def loop():
+        tid["id"] = threading.get_native_id()
+        ep = select.epoll()
+        ready.set()
+        ep.poll(1.0)  # sleeps in the kernel's epoll wait, as Gloo's network thread does
+        ep.close()
+
+    t = threading.Thread(target=loop)
+    t.start()
+    ready.wait()
+    time.sleep(0.2)
+    name = machine.thread_wait_channel(tid["id"])
+    t.join()
+    if name == "":
+        pytest.skip("this kernel does not show wait channels")
+    assert "epoll" in name
+    assert machine.thread_wait_channel(10**9) == ""  # no such thread
