@@ -158,22 +158,31 @@ def _thread_snapshot() -> dict:
     return {tid: (sec, machine.thread_wait_channel(tid)) for tid, sec in machine.thread_cpu_seconds().items()}
 
 
+def _in_epoll(wchan: str) -> bool:
+    return "epoll" in wchan or "ep_poll" in wchan  # do_epoll_wait on Linux 6, ep_poll on older kernels
+
+
 def thread_cpu_by_role(start: dict, end: dict, comm_tids, steps: int) -> dict:
     """CPU milliseconds per step of this process's threads between two _thread_snapshot()s, summed by role:
     the threads hvd.init started that were seen sleeping in epoll (Gloo's network event loops) are
     'gloo_network', the other ones it started (Horovod's background thread) 'horovod_background', every
-    other thread (Python's, TensorFlow's pools) 'training'. {} without snapshots."""
+    other thread (Python's, TensorFlow's pools) 'training'. Where no thread was seen in epoll (a kernel that
+    hides wait channels, or another transport) the two communication roles cannot be told apart: they are
+    summed as 'communication'. {} without snapshots."""
     if not start or not end:
         return {}
-    out = dict.fromkeys(THREAD_ROLES, 0.0)
-    for tid, (sec, wchan) in end.items():
-        sec0, wchan0 = start.get(tid, (0.0, ""))  # a thread started in between counts from zero
+    network = {tid for tid in comm_tids
+               if _in_epoll(end.get(tid, (0, ""))[1]) or _in_epoll(start.get(tid, (0, ""))[1])}
+    roles = THREAD_ROLES if network else ("training", "communication")
+    out = dict.fromkeys(roles, 0.0)
+    for tid, (sec, _) in end.items():
+        sec0 = start.get(tid, (0.0, ""))[0]  # a thread started in between counts from zero
         if tid not in comm_tids:
             role = "training"
-        elif "epoll" in wchan or "epoll" in wchan0:
-            role = "gloo_network"
+        elif not network:
+            role = "communication"
         else:
-            role = "horovod_background"
+            role = "gloo_network" if tid in network else "horovod_background"
         out[role] += sec - sec0
     return {role: round(1e3 * sec / max(1, steps), 4) for role, sec in out.items()}
 

@@ -83,7 +83,7 @@ def _comm_threads(name, launch) -> dict:
     """{name_gloo_cpu_ms, name_hvd_thread_cpu_ms}: the workers' mean CPU ms per step of Gloo's network threads
     and Horovod's background thread, from hvd_train's per-thread report; {} when a worker has none."""
     per_rank = [r.get("thread_cpu_ms_per_step") or {} for r in launch.get("ranks") or []]
-    if not per_rank or not all(per_rank):
+    if not per_rank or not all("gloo_network" in r for r in per_rank):  # no report, or no split (no /proc, no wchan)
         return {}
     mean = lambda role: sum(r[role] for r in per_rank) / len(per_rank)  # noqa: E731
     return {f"{name}_gloo_cpu_ms": mean("gloo_network"), f"{name}_hvd_thread_cpu_ms": mean("horovod_background")}

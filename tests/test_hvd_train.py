@@ -103,6 +103,12 @@ def test_thread_cpu_by_role_sorts_threads_by_who_started_them():
     assert got == pytest.approx({"training": (0.5 + 0.3) * 10, "horovod_background": 0.1 * 10,
                                  "gloo_network": 0.3 * 10})  # ms per step: s / 100 steps * 1000
     assert ht.thread_cpu_by_role({}, end, {11}, 10) == {}  # no /proc: nothing to say
+    # a kernel that hides wait channels: Horovod's and Gloo's threads are summed, not guessed apart
+    hidden = {tid: (sec, "") for tid, (sec, _) in end.items()}
+    got = ht.thread_cpu_by_role({t: (sec, "") for t, (sec, _) in start.items()}, hidden, {11, 12}, 100)
+    assert got == pytest.approx({"training": 8.0, "communication": 4.0})
+    older = {**end, 12: (0.5, "ep_poll")}  # the wait's name before Linux 6
+    assert ht.thread_cpu_by_role(start, older, {11, 12}, 100)["gloo_network"] == pytest.approx(3.0)
 
 
 def test_two_ranks_report_their_threads_cpu_time():
@@ -115,6 +121,7 @@ def test_two_ranks_report_their_threads_cpu_time():
     df = scaling.run([2], steps=10, repeats=1, warmup_steps=2, batch_size=16, data="random", progress=False)
     for r in df.ranks.iloc[0]:
         roles = r["thread_cpu_ms_per_step"]
-        assert set(roles) == set(ht.THREAD_ROLES) and roles["training"] > 0
+        # the three roles, or two where the kernel hides which thread waits in epoll
+        assert set(roles) in (set(ht.THREAD_ROLES), {"training", "communication"}) and roles["training"] > 0
         mean_cpu_ms = 1e3 * sum(r["cpu_step_times_s"]) / len(r["cpu_step_times_s"])
         assert sum(roles.values()) == pytest.approx(mean_cpu_ms, rel=0.2)

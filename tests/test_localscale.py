@@ -110,6 +110,11 @@ def test_exchange_cost_reports_the_communication_threads(monkeypatch):
     cost = localscale.exchange_cost([64]).iloc[0]
     assert cost.no_sync_gloo_cpu_ms == pytest.approx(0.5) and cost.horovod_gloo_cpu_ms == pytest.approx(4.0)
     assert cost.no_sync_hvd_thread_cpu_ms == pytest.approx(0.4) and cost.horovod_hvd_thread_cpu_ms == pytest.approx(0.6)
+    # a worker whose kernel hid the split: no columns rather than a made-up number
+    monkeypatch.setattr(scaling, "run", lambda nps, **kw: pd.DataFrame([{
+        "np": 2, "step_time_s": 0.01, "cpu_step_time_s": 0.01, "in_sync": True,
+        "ranks": [{"thread_cpu_ms_per_step": {"training": 9.0, "communication": 1.0}}] * 2}]))
+    assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
     # a worker without the report (no /proc): no columns rather than a made-up number
     monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: 10.0))
     assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
