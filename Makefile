@@ -19,8 +19,10 @@ setup:
 lab: setup
 	@scripts/lab.sh
 
-test: setup
+# system packages first: with Open MPI present, setup builds Horovod with its MPI controller too
+test:
 	@scripts/system-deps.sh
+	@scripts/setup.sh
 	LABKIT_PROFILE=quick $(PY) -m pytest $(ARGS)
 
 refresh: setup

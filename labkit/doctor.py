@@ -6,6 +6,7 @@ needs is missing. Horovod's own `horovodrun --check-build` is the source of trut
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import re
@@ -106,6 +107,22 @@ def parse_check_build(text: str) -> dict:
         if m and section and m.group(1) == "X":
             out[section].append(m.group(2))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def horovod_build() -> dict | None:
+    """What this environment's Horovod was built with: `horovodrun --check-build` parsed (parse_check_build),
+    run once per process; None where horovodrun is missing or fails."""
+    from labkit.launch import horovodrun_path
+    exe = horovodrun_path()
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    build = parse_check_build(proc.stdout)
+    return build if proc.returncode == 0 and build["version"] else None
 
 
 def _horovod_check(report: Report) -> Check:

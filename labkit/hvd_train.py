@@ -150,6 +150,8 @@ def _load_data(tf, args, rank, size):
 
 
 THREAD_ROLES = ("training", "horovod_background", "gloo_network")
+# the settings of the exchange a rank reports back when they are set (rank JSON "tuning")
+TUNING_ENV = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "OMPI_MCA_mpi_yield_when_idle")
 
 
 def _thread_snapshot() -> dict:
@@ -162,18 +164,19 @@ def _in_epoll(wchan: str) -> bool:
     return "epoll" in wchan or "ep_poll" in wchan  # do_epoll_wait on Linux 6, ep_poll on older kernels
 
 
-def thread_cpu_by_role(start: dict, end: dict, comm_tids, steps: int) -> dict:
+def thread_cpu_by_role(start: dict, end: dict, comm_tids, steps: int, *, network_role="gloo_network") -> dict:
     """CPU milliseconds per step of this process's threads between two _thread_snapshot()s, summed by role:
     the threads hvd.init started that were seen sleeping in epoll (Gloo's network event loops) are
-    'gloo_network', the other ones it started (Horovod's background thread) 'horovod_background', every
-    other thread (Python's, TensorFlow's pools) 'training'. Where no thread was seen in epoll (a kernel that
-    hides wait channels, or another transport) the two communication roles cannot be told apart: they are
-    summed as 'communication'. {} without snapshots."""
+    network_role ('gloo_network'; under the MPI controller they are Open MPI's event threads: 'mpi_events'),
+    the other ones it started (Horovod's background thread) 'horovod_background', every other thread
+    (Python's, TensorFlow's pools) 'training'. Where no thread was seen in epoll (a kernel that hides wait
+    channels, or another transport) the two communication roles cannot be told apart: they are summed as
+    'communication'. {} without snapshots."""
     if not start or not end:
         return {}
     network = {tid for tid in comm_tids
                if _in_epoll(end.get(tid, (0, ""))[1]) or _in_epoll(start.get(tid, (0, ""))[1])}
-    roles = THREAD_ROLES if network else ("training", "communication")
+    roles = ("training", "horovod_background", network_role) if network else ("training", "communication")
     out = dict.fromkeys(roles, 0.0)
     for tid, (sec, _) in end.items():
         sec0 = start.get(tid, (0.0, ""))[0]  # a thread started in between counts from zero
@@ -182,7 +185,7 @@ def thread_cpu_by_role(start: dict, end: dict, comm_tids, steps: int) -> dict:
         elif not network:
             role = "communication"
         else:
-            role = "gloo_network" if tid in network else "horovod_background"
+            role = network_role if tid in network else "horovod_background"
         out[role] += sec - sec0
     return {role: round(1e3 * sec / max(1, steps), 4) for role, sec in out.items()}
 
@@ -258,7 +261,9 @@ def train(args) -> dict:
                 log_f.write(json.dumps(msg) + "\n")
                 log_f.flush()
 
-    thread_cpu_ms = thread_cpu_by_role(threads_at_start, _thread_snapshot(), comm_tids, args.steps * args.repeats)
+    controller = "mpi" if hvd.mpi_enabled() else "gloo"  # which one hvd.init chose (the launcher's)
+    thread_cpu_ms = thread_cpu_by_role(threads_at_start, _thread_snapshot(), comm_tids, args.steps * args.repeats,
+                                       network_role="mpi_events" if controller == "mpi" else "gloo_network")
 
     import numpy as np
     # metric averaging: one allreduce of the whole loss history at the end, not one per step
@@ -269,6 +274,7 @@ def train(args) -> dict:
     result = {
         "rank": rank, "size": size, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
         "host": os.uname().nodename, "pid": os.getpid(), "threads": threads, "gpus_visible": n_gpus,
+        "controller": controller, "tuning": {k: os.environ[k] for k in TUNING_ENV if k in os.environ},
         "model": args.model, "params": int(model.count_params()), "data": data_name,
         "examples_total": int(n_total), "examples_this_rank": int(n_mine),
         "batch_size": args.batch_size, "global_batch_size": args.batch_size * size,

@@ -7,10 +7,19 @@ Horovod's exchange. `exchange_cost()` measures what the exchange adds to each st
 beside a barrier that only makes the workers step together, Horovod sending the gradients as one group and
 TensorFlow's own MultiWorkerMirroredStrategy, with the CPU time per step of each: on two busy cores the
 exchange costs the CPU time of Horovod's own threads, which the computing threads then lack, not bandwidth.
+`controller_cost()` measures the exchange under Gloo and under MPI with Open MPI's settings, each beside
+its own exchange-free run (`python -m labkit.localscale` writes it to notebooks/results/controllers.json).
 """
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 from labkit import scaling
+
+# controller_cost's committed measurement (04 shows it where Horovod has no MPI or the profile is quick)
+CONTROLLER_RESULTS = Path(__file__).resolve().parents[1] / "notebooks" / "results" / "controllers.json"
 
 
 def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
@@ -151,4 +160,180 @@ def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **ru
                 row[f"{name}_in_sync"] = in_sync
         row["exchange_ms"] = row["horovod_ms"]
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # against the fastest exchange-free run of any setting: a setting that slows its own baseline (Open MPI
+    # polling with nothing to send) must not look better for it
+    table["vs_best_no_sync"] = table["no_sync_step_ms"].min() / table["horovod_step_ms"]
+    return table
+
+
+# Horovod's exchange on one machine under each controller: (label, launcher, the launch's environment).
+# Open MPI's blocking calls poll for the other worker by default; mpi_yield_when_idle=1 (what Open MPI
+# itself picks when it knows a node is oversubscribed) gives the core away between polls.
+MPI_YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+CONTROLLERS = (
+    ("Gloo", "gloo", {}),
+    ("MPI", "mpi", {}),
+    ("MPI, yield when idle", "mpi", MPI_YIELD),
+    ("MPI, yield when idle, 0.1 ms cycle", "mpi", {**MPI_YIELD, "HOROVOD_CYCLE_TIME": "0.1"}),
+)
+
+
+def mpi_available() -> bool:
+    """True where Horovod was built with the MPI controller and an `mpirun` is on PATH."""
+    import shutil
+    from labkit import doctor
+    build = doctor.horovod_build() or {}
+    return "MPI" in build.get("controllers", []) and shutil.which("mpirun") is not None
+
+
+def _check_settings(settings) -> list:
+    settings = list(settings)
+    if not settings:
+        raise ValueError("settings must name at least one (label, launcher, environment)")
+    for s in settings:
+        ok = (isinstance(s, (tuple, list)) and len(s) == 3 and isinstance(s[0], str) and s[1] in ("gloo", "mpi")
+              and isinstance(s[2], dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in s[2].items()))
+        if not ok:
+            raise ValueError("settings must be (label, 'gloo' | 'mpi', {NAME: 'value'}) tuples; "
+                             f"got {s!r}")
+    return settings
+
+
+def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress=False, **run_kw):
+    """Horovod's exchange under each setting, each beside its own exchange-free run.
+
+    settings: (label, launcher 'gloo' | 'mpi', environment of the launch) tuples (default CONTROLLERS). For
+    each, np_ workers (one thread each) train `batch` images per step once without exchange (--no-sync) and
+    once with Horovod's, on one fixed batch of random images unless run_kw says otherwise. Every round runs
+    every setting once, in order, so a busy spell on a shared machine falls on all of them alike; the table
+    keeps the median over rounds. MPI settings need a Horovod built with MPI and an mpirun (checked before any
+    launch). Returns one row per setting: label, launcher, settings ('NAME=value ...'), no_sync_step_ms and
+    horovod_step_ms (median step, over the workers), vs_no_sync (the share of its own exchange-free speed the
+    exchange keeps), vs_best_no_sync (the same against the fastest exchange-free run in the table: a
+    setting that slows its own baseline gains nothing by it), no_sync_cpu_ms and horovod_cpu_ms (CPU time per step of one worker's process), the
+    same for Horovod's background thread alone (*_hvd_thread_cpu_ms, Linux; NaN elsewhere), in_sync (the
+    workers' weights equal in every round), the controller and the settings the workers reported (controller,
+    workers_saw)."""
+    import statistics
+
+    import pandas as pd
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1 (images per worker per step); got {batch!r}")
+    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
+        raise ValueError(f"np_ must be an int >= 2 (an exchange needs two workers); got {np_!r}")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1; got {rounds!r}")
+    settings = _check_settings(settings)
+    if any(launcher == "mpi" for _, launcher, _ in settings) and not mpi_available():
+        raise RuntimeError("the MPI settings need Horovod built with MPI and Open MPI's mpirun: install Open MPI "
+                           "(apt-get install libopenmpi-dev openmpi-bin, or module load openmpi), then rebuild "
+                           "Horovod with `make setup`; or pass settings with the 'gloo' launcher only")
+    run_kw = {"data": "random", **run_kw, "threads": 1}
+    base_env = dict(run_kw.pop("env_extra", None) or {})
+    seen = {label: {"no_sync": [], "horovod": []} for label, _, _ in settings}
+    for r in range(rounds):
+        for label, launcher, env in settings:
+            for name, sync in (("no_sync", False), ("horovod", True)):
+                df = scaling.run([np_], batch_size=batch, sync=sync, launcher=launcher, progress=False,
+                                 env_extra={**base_env, **env}, **run_kw)
+                seen[label][name].append(df.iloc[0])
+            if progress:
+                last = seen[label]
+                print(f"round {r + 1}/{rounds}, {label}: no exchange "
+                      f"{1e3 * last['no_sync'][-1]['step_time_s']:.1f} ms per step, Horovod "
+                      f"{1e3 * last['horovod'][-1]['step_time_s']:.1f} ms", flush=True)
+    rows = []
+    for label, launcher, env in settings:
+        row = {"label": label, "launcher": launcher,
+               "settings": " ".join(f"{k}={v}" for k, v in env.items()) or "defaults"}
+        for name, runs in seen[label].items():
+            row[f"{name}_step_ms"] = statistics.median(1e3 * x["step_time_s"] for x in runs)
+            row[f"{name}_cpu_ms"] = statistics.median(1e3 * x["cpu_step_time_s"] for x in runs)
+            bg = [statistics.mean(w["thread_cpu_ms_per_step"]["horovod_background"] for w in x["ranks"])
+                  for x in runs if all("horovod_background" in (w.get("thread_cpu_ms_per_step") or {})
+                                       for w in x["ranks"])]
+            row[f"{name}_hvd_thread_cpu_ms"] = statistics.median(bg) if len(bg) == len(runs) else float("nan")
+            row[f"{name}_all_step_ms"] = [round(1e3 * x["step_time_s"], 3) for x in runs]
+        row["vs_no_sync"] = row["no_sync_step_ms"] / row["horovod_step_ms"]
+        row["in_sync"] = all(bool(x["in_sync"]) for x in seen[label]["horovod"])
+        first = seen[label]["horovod"][0]["ranks"][0]  # what the workers themselves saw
+        row["controller"], row["workers_saw"] = first.get("controller", ""), first.get("tuning", {})
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    # against the fastest exchange-free run of any setting: a setting that slows its own baseline (Open MPI
+    # polling with nothing to send) must not look better for it
+    table["vs_best_no_sync"] = table["no_sync_step_ms"].min() / table["horovod_step_ms"]
+    return table
+
+
+def open_mpi_version() -> str:
+    """'Open MPI 4.1.4' from `mpirun --version`, '' where there is none."""
+    import re
+    import shutil
+    import subprocess
+    exe = shutil.which("mpirun")
+    if exe is None:
+        return ""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"\(Open MPI\) (\S+)", out)
+    return f"Open MPI {m[1]}" if m else out.splitlines()[0].strip() if out.strip() else ""
+
+
+def controller_results(cost, **meta) -> dict:
+    """controller_cost's table as a JSON-ready document with what it was measured on."""
+    import time
+
+    from labkit import machine
+    try:
+        from importlib.metadata import version
+        horovod = version("horovod")
+    except Exception:  # noqa: BLE001 - not installed: say so rather than fail the record
+        horovod = ""
+    return {"date": time.strftime("%Y-%m-%d"), "cores": machine.cores(), "horovod": horovod,
+            "mpi": open_mpi_version(), **meta, "rows": json.loads(cost.to_json(orient="records"))}
+
+
+def load_controller_results(path=CONTROLLER_RESULTS) -> dict:
+    """The committed measurement; its table is pandas.DataFrame(doc['rows'])."""
+    return json.loads(Path(path).read_text())
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m labkit.localscale",
+                                description="Horovod's gradient exchange on this machine under Gloo and MPI, "
+                                            "each setting beside its own run without exchange (controller_cost).")
+    p.add_argument("--model", default=scaling.DEFAULT_MODEL)
+    p.add_argument("--batch-size", type=int, default=64, help="images per worker per step")
+    p.add_argument("--rounds", type=int, default=3, help="every setting once per round; medians over rounds")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=str(CONTROLLER_RESULTS))
+    args = p.parse_args(argv)
+    for name in ("batch_size", "rounds", "steps", "repeats"):
+        if getattr(args, name) < 1:
+            print(f"localscale: --{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    try:
+        scaling.check_model(args.model)
+        cost = controller_cost(args.batch_size, rounds=args.rounds, model=args.model, steps=args.steps,
+                               repeats=args.repeats, progress=True, timeout=600)
+    except (ValueError, RuntimeError) as err:
+        print(f"localscale: {err}", file=sys.stderr)
+        return 2
+    doc = controller_results(cost, model=args.model, batch_per_worker=args.batch_size, workers=2,
+                             rounds=args.rounds, steps=args.steps, repeats=args.repeats, data="random")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(cost[["label", "no_sync_step_ms", "horovod_step_ms", "vs_no_sync"]].round(3).to_string(index=False))
+    print("written:", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,6 +4,9 @@
 #   slurmctld slurmd slurm-client munge       tests/test_slurm.py    (single-node Slurm on loopback)
 #   the shellcheck linter                     tests/test_shell.py    (lints every shell script)
 #   openssh-server iproute2 util-linux        tests/test_vcluster.py (sshd, ip netns/tc, nsenter per node)
+#   libopenmpi-dev openmpi-bin                Open MPI: Horovod's MPI controller (tests/test_localscale.py,
+#                                             04's controller comparison); make test runs this step before
+#                                             setup, so Horovod is built with it
 #
 #   scripts/system-deps.sh            install what is missing (root + apt-get only); fast when all present
 #   LABKIT_SYSTEM_DEPS=0 make test    skip this step entirely
@@ -19,18 +22,19 @@ say() { printf 'system-deps: %s\n' "$*"; }
 PATH="$PATH:/usr/sbin:/sbin"
 # command -> package that provides it
 need=(chromium:chromium slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge mungekey:munge
-      shellcheck:shellcheck sshd:openssh-server ip:iproute2 nsenter:util-linux)
+      shellcheck:shellcheck sshd:openssh-server ip:iproute2 nsenter:util-linux
+      mpicxx:libopenmpi-dev mpirun:openmpi-bin)
 missing=()
 for pair in ${need[@]+"${need[@]}"}; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  say "chromium, slurm, munge, shellcheck, sshd and iproute2 present"
+  say "chromium, slurm, munge, shellcheck, sshd, iproute2 and Open MPI present"
   exit 0
 fi
 # unique, in order
 pkgs=$(printf '%s\n' ${missing[@]+"${missing[@]}"} | awk '!seen[$0]++' | tr '\n' ' '); pkgs="${pkgs% }"
-hint="the browser/Slurm/shellcheck/virtual-cluster tests will skip; to run them: sudo apt-get install -y --no-install-recommends $pkgs"
+hint="the browser/Slurm/shellcheck/virtual-cluster/MPI tests will skip; to run them: sudo apt-get install -y --no-install-recommends $pkgs"
 
 if [ "$(id -u)" != 0 ]; then say "not root, not installing $pkgs; $hint"; exit 0; fi
 command -v apt-get >/dev/null 2>&1 || { say "no apt-get (not Debian/Ubuntu), not installing $pkgs; the browser/Slurm tests will skip"; exit 0; }

@@ -109,6 +109,9 @@ def test_thread_cpu_by_role_sorts_threads_by_who_started_them():
     assert got == pytest.approx({"training": 8.0, "communication": 4.0})
     older = {**end, 12: (0.5, "ep_poll")}  # the wait's name before Linux 6
     assert ht.thread_cpu_by_role(start, older, {11, 12}, 100)["gloo_network"] == pytest.approx(3.0)
+    # under the MPI controller the threads in epoll are Open MPI's event threads, and are named so
+    got = ht.thread_cpu_by_role(start, end, {11, 12}, 100, network_role="mpi_events")
+    assert got == pytest.approx({"training": 8.0, "horovod_background": 1.0, "mpi_events": 3.0})
 
 
 def test_two_ranks_report_their_threads_cpu_time():

@@ -118,3 +118,103 @@ def test_exchange_cost_reports_the_communication_threads(monkeypatch):
     # a worker without the report (no /proc): no columns rather than a made-up number
     monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: 10.0))
     assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
+
+
+def _fake_controller_run(step_ms, calls):
+    """scaling.run stand-in for controller_cost: step_ms(launcher, env, sync, round) -> ms; records each call."""
+    def run(nps, *, sync=True, batch_size=64, launcher="auto", env_extra=None, **kw):
+        r = sum(1 for c in calls if c[:3] == (launcher, tuple(sorted(env_extra.items())), sync))
+        calls.append((launcher, tuple(sorted(env_extra.items())), sync))
+        t = step_ms(launcher, env_extra, sync, r) / 1e3
+        ranks = [{"controller": launcher, "tuning": dict(env_extra),
+                  "thread_cpu_ms_per_step": {"training": 9.0, "horovod_background": 1.0 + sync + i}} for i in range(2)]
+        return pd.DataFrame([{"np": nps[0], "step_time_s": t, "cpu_step_time_s": 0.8 * t, "in_sync": sync,
+                              "ranks": ranks}])
+    return run
+
+
+def test_controller_cost_interleaves_the_settings_and_takes_medians(monkeypatch):
+    monkeypatch.setattr(localscale, "mpi_available", lambda: True)
+    calls = []
+    # no exchange 9 ms under Gloo, 10 under MPI; Gloo's exchange 14 ms; MPI's 10, 11 and then 30 ms (a busy spell)
+    mpi = [10.0, 11.0, 30.0]
+    monkeypatch.setattr(scaling, "run", _fake_controller_run(
+        lambda launcher, env, sync, r: (9.0 if launcher == "gloo" else 10.0) if not sync
+        else 14.0 if launcher == "gloo" else mpi[r], calls))
+    settings = [("Gloo", "gloo", {}), ("MPI, tuned", "mpi", {"HOROVOD_CYCLE_TIME": "0.2"})]
+    cost = localscale.controller_cost(64, settings=settings, rounds=3, steps=5)
+    gloo, tuned = (), (("HOROVOD_CYCLE_TIME", "0.2"),)
+    # every round runs every setting, without and then with the exchange
+    assert calls == [("gloo", gloo, False), ("gloo", gloo, True), ("mpi", tuned, False), ("mpi", tuned, True)] * 3
+    row = cost.set_index("label").loc["MPI, tuned"]
+    assert row.horovod_step_ms == pytest.approx(11.0)  # the median of 10, 11, 30: the busy spell does not count
+    assert row.vs_no_sync == pytest.approx(10 / 11)
+    assert row.vs_best_no_sync == pytest.approx(9 / 11)  # against Gloo's faster run without exchange
+    assert row.horovod_cpu_ms == pytest.approx(0.8 * 11)
+    assert row.horovod_hvd_thread_cpu_ms == pytest.approx(2.5) and row.no_sync_hvd_thread_cpu_ms == pytest.approx(1.5)
+    assert row.settings == "HOROVOD_CYCLE_TIME=0.2" and row.workers_saw == {"HOROVOD_CYCLE_TIME": "0.2"}
+    assert row.controller == "mpi" and bool(row.in_sync) and row.horovod_all_step_ms == [10.0, 11.0, 30.0]
+    assert cost.set_index("label").loc["Gloo"].vs_no_sync == pytest.approx(9 / 14)
+    assert cost.set_index("label").loc["Gloo"].vs_best_no_sync == pytest.approx(9 / 14)
+    assert cost.set_index("label").loc["Gloo"].settings == "defaults"
+
+
+@pytest.mark.parametrize("kw, word", [
+    ({"batch": 0}, "batch"), ({"np_": 1}, "np_"), ({"rounds": 0}, "rounds"), ({"settings": []}, "settings"),
+    ({"settings": [("x", "nccl", {})]}, "settings"), ({"settings": [("x", "mpi", {"HOROVOD_CYCLE_TIME": 0.2})]}, "settings"),
+])
+def test_controller_cost_bad_input_names_the_parameter(kw, word, monkeypatch):
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch on bad input"))
+    with pytest.raises(ValueError, match=word):
+        localscale.controller_cost(**kw)
+
+
+def test_controller_cost_without_mpi_says_so_before_any_launch(monkeypatch):
+    monkeypatch.setattr(localscale, "mpi_available", lambda: False)
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch without MPI"))
+    with pytest.raises(RuntimeError, match="Open MPI"):
+        localscale.controller_cost(64)
+
+
+def test_controller_cost_runs_both_controllers_for_real():
+    """Two workers under Gloo and under MPI with tuned settings: the workers report the controller the
+    launcher chose and the settings it passed, and end in sync."""
+    pytest.importorskip("horovod.tensorflow")
+    if not localscale.mpi_available():
+        pytest.skip("Horovod here was built without MPI, or no mpirun (Open MPI) is on PATH")
+    settings = [localscale.CONTROLLERS[0], localscale.CONTROLLERS[-1]]
+    cost = localscale.controller_cost(16, settings=settings, rounds=1, steps=5, repeats=1, warmup_steps=2)
+    assert cost.controller.tolist() == ["gloo", "mpi"]
+    assert cost.workers_saw.tolist() == [{}, {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "0.1"}]
+    assert cost.in_sync.all() and (cost.horovod_step_ms > 0).all() and (cost.no_sync_step_ms > 0).all()
+
+
+def test_controller_results_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setattr(localscale, "open_mpi_version", lambda: "Open MPI 9.9")
+    cost = pd.DataFrame([{"label": "Gloo", "vs_no_sync": 0.66, "in_sync": True, "workers_saw": {},
+                          "horovod_all_step_ms": [14.0, 15.0]}])
+    doc = localscale.controller_results(cost, model="small_cnn", batch_per_worker=64)
+    path = tmp_path / "controllers.json"
+    path.write_text(__import__("json").dumps(doc))
+    back = localscale.load_controller_results(path)
+    assert back["mpi"] == "Open MPI 9.9" and back["model"] == "small_cnn" and back["cores"] >= 1
+    assert pd.DataFrame(back["rows"]).to_dict("records") == cost.to_dict("records")
+
+
+@pytest.mark.parametrize("argv, word", [(["--rounds", "0"], "--rounds"), (["--batch-size", "0"], "--batch-size"),
+                                        (["--model", "nope"], "model")])
+def test_controller_cli_bad_input_says_which_before_any_launch(argv, word, monkeypatch, capsys):
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch on bad input"))
+    assert localscale.main(argv + ["--out", "/nonexistent/x.json"]) == 2
+    assert word in capsys.readouterr().err
+
+
+def test_the_committed_controller_measurement_is_complete():
+    """The measurement 04 shows where MPI is missing: every setting of CONTROLLERS, workers in sync."""
+    doc = localscale.load_controller_results()
+    rows = pd.DataFrame(doc["rows"]).set_index("label")
+    assert list(rows.index) == [label for label, _, _ in localscale.CONTROLLERS]
+    assert rows.in_sync.all() and rows.controller.tolist() == [c for _, c, _ in localscale.CONTROLLERS]
+    for label, _, env in localscale.CONTROLLERS:
+        assert rows.loc[label, "workers_saw"] == env  # the workers ran with the settings the table names
+    assert doc["mpi"].startswith("Open MPI") and doc["horovod"] == "0.28.1"
