@@ -109,39 +109,38 @@ def parse_check_build(text: str) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def horovod_build() -> dict | None:
-    """What this environment's Horovod was built with: `horovodrun --check-build` parsed (parse_check_build),
-    run once per process; None where horovodrun is missing or fails."""
-    from labkit.launch import horovodrun_path
+def _run_check_build() -> tuple[dict | None, int | None, str]:
+    """`horovodrun --check-build` (the launcher's horovodrun), parsed: (build, returncode, ''), or
+    (None, None, why) where horovodrun is missing or cannot run."""
+    from labkit.launch import horovodrun_path  # the same lookup the launcher uses
     exe = horovodrun_path()
     if exe is None:
-        return None
+        return None, None, "not installed"
     try:
         proc = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    build = parse_check_build(proc.stdout)
-    return build if proc.returncode == 0 and build["version"] else None
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, None, f"horovodrun --check-build failed ({err})"
+    return parse_check_build(proc.stdout), proc.returncode, ""
+
+
+@functools.lru_cache(maxsize=None)
+def horovod_build() -> dict | None:
+    """What this environment's Horovod was built with (parse_check_build's dict), asked once per process;
+    None where horovodrun is missing or fails."""
+    build, returncode, _ = _run_check_build()
+    return build if returncode == 0 and build["version"] else None
 
 
 def _horovod_check(report: Report) -> Check:
     fix = "build it: `make setup` (or scripts/build-horovod.sh inside your environment)"
-    from labkit.launch import horovodrun_path  # the same lookup the launcher uses
-
-    exe = horovodrun_path()
-    if exe is None:
-        return Check("horovod", False, "not installed", fix)
-    try:
-        proc = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return Check("horovod", False, f"horovodrun --check-build failed ({err})", fix)
-    build = parse_check_build(proc.stdout)
+    build, returncode, why = _run_check_build()
+    if build is None:
+        return Check("horovod", False, why, fix)
     # --check-build marks PyTorch even when torch is absent: report TensorFlow and the transports only
     build["frameworks"] = [f for f in build["frameworks"] if f == "TensorFlow"]
     report.info["horovod_build"] = build
-    if proc.returncode != 0 or build["version"] is None:
-        return Check("horovod", False, f"horovodrun --check-build exited {proc.returncode}", fix)
+    if returncode != 0 or build["version"] is None:
+        return Check("horovod", False, f"horovodrun --check-build exited {returncode}", fix)
     transports = sorted(set(build["controllers"]) | set(build["operations"]))
     value = f"{build['version']} (TensorFlow: {'yes' if build['frameworks'] else 'NO'}; " \
             f"controllers: {', '.join(build['controllers']) or 'none'}; " \

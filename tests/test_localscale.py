@@ -82,6 +82,7 @@ def test_exchange_cost_is_the_step_time_difference(monkeypatch):
     assert cost.one_group_vs_no_sync.tolist() == pytest.approx([10 / 13, 40 / 43])
     assert cost.tf_distribute_in_sync.all() and cost.horovod_in_sync.all() and "barrier_in_sync" not in cost
     assert calls == [(2, "small_cnn", 64, 10), (2, "small_cnn", 256, 10)]  # as many timed steps as Horovod's
+    assert "vs_best_no_sync" not in cost  # one setting at several batches: no fastest baseline to compare
     plain = localscale.exchange_cost([64])
     assert "barrier_ms" not in plain.columns and "tf_distribute_ms" not in plain.columns  # two launches by default
 
@@ -162,6 +163,7 @@ def test_controller_cost_interleaves_the_settings_and_takes_medians(monkeypatch)
 @pytest.mark.parametrize("kw, word", [
     ({"batch": 0}, "batch"), ({"np_": 1}, "np_"), ({"rounds": 0}, "rounds"), ({"settings": []}, "settings"),
     ({"settings": [("x", "nccl", {})]}, "settings"), ({"settings": [("x", "mpi", {"HOROVOD_CYCLE_TIME": 0.2})]}, "settings"),
+    ({"model": "nope"}, "model"),
 ])
 def test_controller_cost_bad_input_names_the_parameter(kw, word, monkeypatch):
     monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch on bad input"))
