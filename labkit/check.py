@@ -314,8 +314,8 @@ def memory_footprint(filters: int, filter_size: int, pool_size: int, extra_conv:
 
     (05_network_sweep)
     """
-    from labkit.models.cifar import memory_footprint as footprint, seed000_net
-    model = seed000_net(filters, filter_size, pool_size, extra_conv)
+    from labkit.models.cifar import memory_footprint as footprint, sweep_net
+    model = sweep_net(filters, filter_size, pool_size, extra_conv)
     total = footprint(model)
     biases = sum(int(np.prod(w.shape)) for w in model.trainable_weights if "bias" in w.name)
     return Spec(total, rtol=1e-3, mistakes=[

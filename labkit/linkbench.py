@@ -24,7 +24,7 @@ def parse_args(argv=None):
     p.add_argument("--sizes", default="4096,65536,262144,1048576,4194304,8388608", help="allreduce bytes")
     p.add_argument("--chain", type=int, default=5, help="dependent allreduces per timed call")
     p.add_argument("--calib-repeats", type=int, default=7)
-    p.add_argument("--model", default="seed002", help="a labkit.models name")
+    p.add_argument("--model", default="convblock_net", help="a labkit.models name")
     p.add_argument("--batch-size", type=int, default=4, help="images per rank per step")
     p.add_argument("--steps", type=int, default=4, help="steps per variant per repeat")
     p.add_argument("--repeats", type=int, default=4)

@@ -28,9 +28,9 @@ _KEYS = {"filters", "filter_size", "pool_size", "extra_conv"}
 def network_configs() -> list[dict]:
     """The paper's 16 networks: filters {20, 32} x filter size {5, 3} x pool {3, 2} x extra conv {no, yes}.
     (05_network_sweep)"""
-    from labkit.models.cifar import SEED000_SWEEP  # the model module owns the grid
+    from labkit.models.cifar import SWEEP_GRID  # the model module owns the grid
 
-    return [dict(c) for c in SEED000_SWEEP]
+    return [dict(c) for c in SWEEP_GRID]
 
 
 def network_name(cfg: dict) -> str:
@@ -77,11 +77,11 @@ def config_table(configs=None):
     import pandas as pd
 
     from labkit import flops
-    from labkit.models.cifar import memory_footprint, seed000_net
+    from labkit.models.cifar import memory_footprint, sweep_net
 
     rows = []
     for cfg in configs or network_configs():
-        model = seed000_net(**cfg)
+        model = sweep_net(**cfg)
         with warnings.catch_warnings():  # the normalisation layer has no MAC rule; it has no MACs either
             warnings.simplefilter("ignore")
             macs = flops.count(model).macs
@@ -206,7 +206,7 @@ class NetworkTrainer:
         """
         from labkit import training
 
-        opts = training.seed000_options(name)
+        opts = training.sweep_options(name)
         settings = dict(lr=opts["lr"], l2=opts["l2"], batch_size=opts["batch_size"])
         settings.update(config.by_profile(
             quick=dict(epochs=1, train_size=1000, test_size=500, batch_size=25),
@@ -239,11 +239,11 @@ class NetworkTrainer:
 
     def __call__(self, cfg: dict) -> dict:
         from labkit import training
-        from labkit.models.cifar import memory_footprint, seed000_net
+        from labkit.models.cifar import memory_footprint, sweep_net
 
         x_train, y_train, x_test, y_test, dataset = self.prepare()
         config.set_seed(self.seed)
-        model = seed000_net(**cfg, input_shape=tuple(x_train.shape[1:]), classes=int(y_train.max()) + 1,
+        model = sweep_net(**cfg, input_shape=tuple(x_train.shape[1:]), classes=int(y_train.max()) + 1,
                             dropout=self.dropout)
         steps = -(-len(x_train) // self.batch_size)
         # the paper drops the LR x0.1 at 3/4 of its epochs (30 of 40); runs of a few epochs never get far

@@ -17,7 +17,7 @@ from labkit import vcluster
 RESULTS = vcluster.RESULTS.parent / "vcluster_nodes.json"
 
 
-def by_nodes(nodes=(2, 3, 4), rates=("1gbit", "50mbit"), model="seed002", batch_size=4, progress=print,
+def by_nodes(nodes=(2, 3, 4), rates=("1gbit", "50mbit"), model="convblock_net", batch_size=4, progress=print,
              **kw) -> dict:
     """Weak scaling over node counts: at each link rate and node count p, one launch that calibrates the
     allreduce and times the steps (compute alone, synced). The model fitted on the fewest nodes then predicts

@@ -25,7 +25,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m labkit.tfdist_train", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", required=True, help="HOST:PORT of every worker, comma-separated, in order")
     p.add_argument("--index", type=int, required=True, help="this worker's place in --workers")
-    p.add_argument("--model", default="seed002")
+    p.add_argument("--model", default="convblock_net")
     p.add_argument("--batch-size", type=int, default=4, help="images per worker per step")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--threads", type=int, default=1)
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_workers(workers: list[str], *, wrap=None, model="seed002", batch_size=4, steps=12, threads=1,
+def run_workers(workers: list[str], *, wrap=None, model="convblock_net", batch_size=4, steps=12, threads=1,
                 timeout=300) -> list[dict]:
     """Start one worker per 'HOST:PORT' of workers (wrap(i): the command prefix that puts worker i where its
     host is, e.g. into a node's namespace; default: this machine), wait for all, return their result dicts in

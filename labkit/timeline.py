@@ -67,7 +67,7 @@ def phases(path):
 
 
 def short_name(tensor: str) -> str:
-    """'.../HorovodAllreduce_gradient_tape_seed002_fc_MatMul_0' -> 'seed002_fc_MatMul_0'."""
+    """'.../HorovodAllreduce_gradient_tape_convblock_w32_d4_fc_MatMul_0' -> 'convblock_w32_d4_fc_MatMul_0'."""
     m = re.search(r"Horovod(?:Allreduce|Broadcast)_(?:gradient_tape_)?(.*)$", tensor)
     return m[1] if m else tensor.split("/")[-1]
 

@@ -24,21 +24,21 @@ from labkit import config
 from labkit.rankstats import summarize_times, weights_checksum  # noqa: F401  (per-rank results)
 
 # trainingOptions of the MATLAB white paper "Deep Learning in the Cloud", verbatim
-SEED000 = {"lr": 0.001, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 30, "l2": 0.004, "epochs": 40,
+SWEEP_TRAINING = {"lr": 0.001, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 30, "l2": 0.004, "epochs": 40,
            "batch_size": 100}
 # the options of MATLAB's example "Train Network in the Cloud Using Automatic Parallel Support", one GPU: batch 256, LR 0.1 x batch/256, 50 epochs, drop x0.1 at 45, L2 1e-10
-SEED002 = {"lr": 0.1, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 45, "l2": 1e-10, "epochs": 50,
+CONVBLOCK_TRAINING = {"lr": 0.1, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 45, "l2": 1e-10, "epochs": 50,
            "batch_size": 256, "augment": True}
 
 
-def seed000_options(profile: str | None = None) -> dict:
+def sweep_options(profile: str | None = None) -> dict:
     """The options of the MATLAB cloud white paper scaled to the profile: fewer epochs and images, so a larger LR to make up for it.
 
     full is the paper's recipe on all of CIFAR-10 (40 epochs x 500 steps of LR 0.001). quick and workshop take
     ~1/100 and ~1/20 of the steps, so they start at a larger LR (0.02, 0.01) and still drop it x0.1 before the
     end, as the paper does.
     """
-    opts = dict(SEED000, augment=False)
+    opts = dict(SWEEP_TRAINING, augment=False)
     opts.update(config.by_profile(
         quick={"lr": 0.02, "epochs": 4, "drop_period": 3, "n_train": 5000, "n_test": 1000},
         workshop={"lr": 0.01, "epochs": 10, "drop_period": 8, "n_train": 10000, "n_test": 2000},
@@ -47,12 +47,12 @@ def seed000_options(profile: str | None = None) -> dict:
     return opts
 
 
-def seed002_options(profile: str | None = None, num_gpus: int = 1) -> dict:
+def convblock_options(profile: str | None = None, num_gpus: int = 1) -> dict:
     """The options of MATLAB's cloud-training example (batch 256 per GPU, LR scaled with batch); full reproduces its 0.8938 set-up.
 
     It costs ~17x the FLOPs per image of the MATLAB cloud white paper's network: quick skips training it (epochs 0), workshop runs a token amount.
     """
-    opts = dict(SEED002)
+    opts = dict(CONVBLOCK_TRAINING)
     opts["batch_size"] = 256 * num_gpus
     opts["lr"] = scaled_lr(0.1, opts["batch_size"], base_batch_size=256)
     opts["bn_momentum"] = 0.99  # Keras's default; the workshop's ~120 steps need faster-moving test statistics

@@ -24,7 +24,7 @@ STRATEGIES = ("frozen", "finetune", "scratch")
 STRATEGY_LABELS = {"frozen": "(a) frozen base + new head", "finetune": "(b) fine-tune all, head LR x10/x20",
                    "scratch": "(c) from scratch"}
 HEAD = "new_fc"
-SEED001_HEAD_FACTORS = {"kernel": 10.0, "bias": 20.0}  # WeightLearnRateFactor, BiasLearnRateFactor
+HEAD_LR_FACTORS = {"kernel": 10.0, "bias": 20.0}  # WeightLearnRateFactor, BiasLearnRateFactor
 
 
 # ----------------------------------------------------------------------------- learning-rate factors
@@ -249,11 +249,11 @@ def pretrain(x, y, *, build=None, epochs: int = 2, lr: float = 0.01, batch_size:
     build: a function classes -> Keras model; default the MATLAB cloud white paper's network with 32 first-layer filters.
     Returns (model, seconds).
     """
-    from labkit.models.cifar import seed000_net
+    from labkit.models.cifar import sweep_net
 
     classes = int(np.max(y)) + 1
     config.set_seed(seed)
-    model = (build or (lambda c: seed000_net(filters=32, filter_size=5, pool_size=3, classes=c)))(classes)
+    model = (build or (lambda c: sweep_net(filters=32, filter_size=5, pool_size=3, classes=c)))(classes)
     model.compile(optimizer=tf.keras.optimizers.SGD(lr, momentum=0.9), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     start = time.perf_counter()
@@ -276,7 +276,7 @@ def make_strategy(strategy: str, base, classes: int, *, lr: float = 0.01, transf
             raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
     if head_factors is not None and not isinstance(head_factors, dict):
         raise ValueError(f"head_factors must be a dict {{'kernel': f, 'bias': f}}; got {head_factors!r}")
-    head_factors = dict(SEED001_HEAD_FACTORS if head_factors is None else head_factors)
+    head_factors = dict(HEAD_LR_FACTORS if head_factors is None else head_factors)
     for key, value in head_factors.items():
         _check_factor(f"{HEAD}/{key}", value)
     config.set_seed(seed)

@@ -174,7 +174,7 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
     return {"ranks": sorted(ranks, key=lambda r: r["rank"]), "link_bytes": moved, "wall_s": wall}
 
 
-def tfdist_run(np_: int = 2, model="seed002", batch_size=4, steps=12, port=23456, timeout=300) -> dict:
+def tfdist_run(np_: int = 2, model="convblock_net", batch_size=4, steps=12, port=23456, timeout=300) -> dict:
     """tf.distribute.MultiWorkerMirroredStrategy across np_ nodes: one labkit.tfdist_train per node."""
     from labkit import tfdist_train
     if nodes_up() < np_:
@@ -189,7 +189,7 @@ def tfdist_run(np_: int = 2, model="seed002", batch_size=4, steps=12, port=23456
             "step_s": max(w["median_step_s"] for w in workers_out)}
 
 
-def tfdist_vs_horovod(rates=("1gbit", "50mbit"), model="seed002", batch_size=4, steps=12, repeats=2,
+def tfdist_vs_horovod(rates=("1gbit", "50mbit"), model="convblock_net", batch_size=4, steps=12, repeats=2,
                       progress=print) -> dict:
     """Synced step time of the same model and batch with Horovod and with MultiWorkerMirroredStrategy,
     alternating launches (repeats per rate) so machine-load changes hit both; medians over launches."""
@@ -251,7 +251,7 @@ def summarize(ranks, p: int) -> dict:
             "hosts": [r["host"] for r in ranks]}
 
 
-def run_setting(link: str, model="seed002", batch_size=4, steps=3, repeats=4, np_=2, env_extra=None,
+def run_setting(link: str, model="convblock_net", batch_size=4, steps=3, repeats=4, np_=2, env_extra=None,
                 sizes=(4096, 65536, 262144, 1 << 20, 4 << 20), variants="compute,sync,sync_fp16", chain=3,
                 calib_repeats=5) -> dict:
     """Shape the links to `link` (a rate, or rate+delay: see parse_link), then one launch of labkit.linkbench
@@ -269,7 +269,7 @@ def run_setting(link: str, model="seed002", batch_size=4, steps=3, repeats=4, np
     return res
 
 
-def measure(rates=("1gbit", "200mbit", "50mbit"), model="seed002", batch_size=4, np_=2, progress=print,
+def measure(rates=("1gbit", "200mbit", "50mbit"), model="convblock_net", batch_size=4, np_=2, progress=print,
             **kw) -> dict:
     """The whole experiment at each link setting (a rate, or rate+delay: see parse_link): calibration, fit,
     interleaved training variants, prediction."""
@@ -361,7 +361,7 @@ def main(argv=None) -> int:
                                 description="Calibrate and check the allreduce model on the virtual cluster.")
     p.add_argument("--rates", default="1gbit,200mbit,50mbit",
                    help="comma-separated link settings: tc rates, each optionally +DELAY (one way), e.g. 50mbit+5ms")
-    p.add_argument("--model", default="seed002")
+    p.add_argument("--model", default="convblock_net")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--nodes", default="2", help="node counts, e.g. 2,3,4 for weak scaling over nodes "
                                                  "(written to vcluster_nodes.json unless --out says otherwise)")

@@ -105,7 +105,7 @@ def cases():
 
     def trainer0():
         ns = _import("labkit.netsweep", "labkit.sweep")
-        (getattr(ns, "Seed000Trainer", None) or ns.NetworkTrainer)(epochs=0)
+        ns.NetworkTrainer(epochs=0)
 
     return [
         ("scale --timeout nan", _cli(["scale", "--np", "1", "--timeout", "nan"], "--timeout")),
@@ -126,7 +126,7 @@ def cases():
                                            .fit_alpha_beta([1e3, 1e6, 1e7], [0.0, 0.0, 0.0], p=2), "times")),
         ("matlab_param_count(filters=-5)", _fn(lambda: _import("labkit.netsweep", "labkit.sweep").matlab_param_count(
             {"filters": -5, "filter_size": 3, "pool_size": 2}), "filters")),
-        ("Seed000Trainer(epochs=0)", _fn(trainer0, "epochs")),
+        ("NetworkTrainer(epochs=0)", _fn(trainer0, "epochs")),
         ("conv2d_im2col N=0", _fn(conv((0, 8, 8, 3), (3, 3, 3, 4)), "N")),
         ("conv2d_im2col C=0", _fn(conv((1, 8, 8, 0), (3, 3, 0, 4)), "C")),
         ("conv2d_im2col C_out=0", _fn(conv((1, 8, 8, 3), (3, 3, 3, 0)), "C_out")),

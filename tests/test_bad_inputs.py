@@ -167,7 +167,7 @@ def test_matlab_param_count_negative_filters():
 
 def test_network_trainer_zero_epochs():
     ns = _netsweep()
-    trainer = getattr(ns, "Seed000Trainer", None) or ns.NetworkTrainer
+    trainer = ns.NetworkTrainer
     refuses(trainer, "epochs", epochs=0)
 
 

@@ -47,14 +47,14 @@ def _front(points):  # brute force: a point is beaten by one no worse on both ax
                   if not any(mj <= m and aj >= a and (mj < m or aj > a) for mj, aj in points))
 
 
-def _seed000(**cfg):
-    from labkit.models.cifar import seed000_net
-    return seed000_net(**cfg)
+def _sweep_net(**cfg):
+    from labkit.models.cifar import sweep_net
+    return sweep_net(**cfg)
 
 
 def _transfer_case():
     from labkit import transfer
-    base = _seed000(filters=4, filter_size=3, pool_size=2, classes=5)
+    base = _sweep_net(filters=4, filter_size=3, pool_size=2, classes=5)
     return base, transfer.transfer_model(base, 5, freeze_base=True)
 
 
@@ -76,7 +76,7 @@ def cases():
         from labkit.netsweep import matlab_param_count
     except ImportError:
         from labkit.sweep import matlab_param_count
-    model = _seed000(**cfg)
+    model = _sweep_net(**cfg)
     weights_only = sum(int(np.prod(v.shape)) for v in model.trainable_weights if "kernel" in v.name)
     base, frozen = _transfer_case()
     features = int(np.prod(frozen.get_layer("new_fc").input.shape[1:]))

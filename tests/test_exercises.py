@@ -46,8 +46,8 @@ def test_at_least_three_exercises_per_notebook_and_twenty_in_all():
 def _run_pairs(nb, strip: bool):
     """Run each exercise cell and its check cell in notebook order in one namespace; the printed lines."""
     from labkit import transfer
-    from labkit.models.cifar import seed000_net
-    ns = {"np": np, "transfer": transfer, "base": seed000_net(filters=32, filter_size=5, pool_size=3, classes=5)}
+    from labkit.models.cifar import sweep_net
+    ns = {"np": np, "transfer": transfer, "base": sweep_net(filters=32, filter_size=5, pool_size=3, classes=5)}
     lines = []
     for ex in exercises.exercises(nb):
         src = nb.cells[ex.cell].source

@@ -17,43 +17,43 @@ def pooled(size, pool):
     return (size - pool) // 2 + 1  # MATLAB pools with stride 2 and no padding
 
 
-def seed000_expected(f, k, p, extra):
+def sweep_expected(f, k, p, extra):
     side = pooled(pooled(32, p), p)
     return (conv_params(k, 3, f) + (conv_params(k, f, f) if extra else 0) + conv_params(k, f, 2 * f)
             + (side * side * 2 * f + 1) * 10)
 
 
-def test_seed000_default_by_hand():
+def test_sweep_net_default_by_hand():
     # 5x5x3x20+20, 5x5x20x40+40, 7*7*40*10+10 with 32 -> 15 -> 7 after two 3x3/2 pools
-    assert cifar.seed000_net().count_params() == 1520 + 20040 + 19610
+    assert cifar.sweep_net().count_params() == 1520 + 20040 + 19610
 
 
-@pytest.mark.parametrize("cfg", cifar.SEED000_SWEEP,
+@pytest.mark.parametrize("cfg", cifar.SWEEP_GRID,
                          ids=lambda c: "f{filters}-k{filter_size}-p{pool_size}-{extra_conv}".format(**c))
-def test_seed000_sweep_param_counts(cfg):
-    model = cifar.seed000_net(**cfg)
-    expected = seed000_expected(cfg["filters"], cfg["filter_size"], cfg["pool_size"], cfg["extra_conv"])
+def test_sweep_net_sweep_param_counts(cfg):
+    model = cifar.sweep_net(**cfg)
+    expected = sweep_expected(cfg["filters"], cfg["filter_size"], cfg["pool_size"], cfg["extra_conv"])
     assert model.count_params() == expected
     assert cifar.memory_footprint(model) == 4 * expected  # seed 000: 4 bytes per learnable parameter
     assert model.output_shape == (None, 10)
 
 
 def test_sweep_has_the_16_distinct_configurations():
-    keys = {tuple(sorted(c.items())) for c in cifar.SEED000_SWEEP}
-    assert len(cifar.SEED000_SWEEP) == 16 == len(keys)
-    assert {c["filters"] for c in cifar.SEED000_SWEEP} == {20, 32}
-    assert {c["filter_size"] for c in cifar.SEED000_SWEEP} == {5, 3}
-    assert {c["pool_size"] for c in cifar.SEED000_SWEEP} == {3, 2}
+    keys = {tuple(sorted(c.items())) for c in cifar.SWEEP_GRID}
+    assert len(cifar.SWEEP_GRID) == 16 == len(keys)
+    assert {c["filters"] for c in cifar.SWEEP_GRID} == {20, 32}
+    assert {c["filter_size"] for c in cifar.SWEEP_GRID} == {5, 3}
+    assert {c["pool_size"] for c in cifar.SWEEP_GRID} == {3, 2}
 
 
-def test_seed002_param_count_by_hand():
+def test_convblock_param_count_by_hand():
     total, c_in = 0, 3
     for width in (32, 64, 128):
         for _ in range(4):
             total += conv_params(3, c_in, width) + 4 * width  # BN: gamma, beta (+ moving mean, variance)
             c_in = width
     total += 128 * 10 + 10
-    model = cifar.seed002_net()
+    model = cifar.convblock_net()
     assert model.count_params() == total
     assert model.output_shape == (None, 10)
     shapes = {l.name: l.output_shape for l in model.layers}
@@ -62,11 +62,11 @@ def test_seed002_param_count_by_hand():
 
 
 def test_registry_builds_both():
-    assert {"seed000", "seed002"} <= set(labkit.models.names())
-    m = labkit.models.get("seed000", classes=10, filters=32, filter_size=3, pool_size=2, extra_conv=True)
-    assert m.count_params() == seed000_expected(32, 3, 2, True)
-    assert labkit.models.get("seed002", classes=7).output_shape == (None, 7)
-    assert labkit.models.get("seed000", input_shape=(32, 32, 1), classes=10).input_shape == (None, 32, 32, 1)
+    assert {"sweep_net", "convblock_net"} <= set(labkit.models.names())
+    m = labkit.models.get("sweep_net", classes=10, filters=32, filter_size=3, pool_size=2, extra_conv=True)
+    assert m.count_params() == sweep_expected(32, 3, 2, True)
+    assert labkit.models.get("convblock_net", classes=7).output_shape == (None, 7)
+    assert labkit.models.get("sweep_net", input_shape=(32, 32, 1), classes=10).input_shape == (None, 32, 32, 1)
 
 
 def test_cross_channel_norm_matches_matlab_formula():
@@ -88,9 +88,9 @@ def test_cross_channel_norm_matches_matlab_formula():
 @pytest.mark.parametrize("kwargs, word", [({"filters": 0}, "filters"), ({"filter_size": 2.5}, "filter_size"),
                                           ({"pool_size": -1}, "pool_size"), ({"extra_conv": "yes"}, "extra_conv"),
                                           ({"input_shape": (32, 32)}, "input_shape"), ({"classes": 0}, "classes")])
-def test_seed000_bad_input_names_the_parameter(kwargs, word):
+def test_sweep_net_bad_input_names_the_parameter(kwargs, word):
     with pytest.raises(ValueError, match=word):
-        cifar.seed000_net(**kwargs)
+        cifar.sweep_net(**kwargs)
 
 
 def test_bad_window_is_rejected():
@@ -113,7 +113,8 @@ def test_small_cnn_by_hand_and_registered():
 
 
 @pytest.mark.parametrize("name, kwargs, side, minimum", [
-    ("seed000", {}, 6, 7), ("seed000", {"pool_size": 2}, 3, 4), ("seed002", {}, 3, 4), ("small_cnn", {}, 3, 4)])
+    ("sweep_net", {}, 6, 7), ("sweep_net", {"pool_size": 2}, 3, 4), ("convblock_net", {}, 3, 4),
+    ("small_cnn", {}, 3, 4)])
 def test_too_small_an_input_names_input_shape_and_the_minimum(name, kwargs, side, minimum):
     with pytest.raises(ValueError, match=f"input_shape must be at least {minimum}x{minimum}"):
         labkit.models.get(name, input_shape=(side, side, 3), **kwargs)

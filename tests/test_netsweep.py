@@ -70,13 +70,13 @@ def test_trainer_rejects_bad_overfitting_cures(field, value):
 
 
 def test_dropout_adds_one_layer_and_no_weights():
-    from labkit.models.cifar import seed000_net
+    from labkit.models.cifar import sweep_net
 
-    plain, dropped = seed000_net(), seed000_net(dropout=0.5)
+    plain, dropped = sweep_net(), sweep_net(dropout=0.5)
     assert [l.name for l in dropped.layers if l.name not in {l.name for l in plain.layers}] == ["dropout"]
     assert dropped.count_params() == plain.count_params()
     with pytest.raises(ValueError, match="^dropout must be"):
-        seed000_net(dropout=1)
+        sweep_net(dropout=1)
 
 
 @pytest.mark.slow
@@ -188,11 +188,11 @@ def test_cli_sigkill_leaves_no_tensorflow_worker(tmp_path):
 def test_conv_block_net_bn_momentum_option():
     # 01's short workshop run needs faster-moving BatchNorm statistics; the default stays Keras's 0.99
     from labkit import training
-    from labkit.models.cifar import seed002_net
+    from labkit.models.cifar import convblock_net
 
     moms = lambda m: {l.momentum for l in m.layers if l.__class__.__name__ == "BatchNormalization"}
-    assert moms(seed002_net(width=4, block_depth=1)) == {0.99}
-    assert moms(seed002_net(width=4, block_depth=1, bn_momentum=0.9)) == {0.9}
-    assert training.seed002_options("full")["bn_momentum"] == 0.99
+    assert moms(convblock_net(width=4, block_depth=1)) == {0.99}
+    assert moms(convblock_net(width=4, block_depth=1, bn_momentum=0.9)) == {0.9}
+    assert training.convblock_options("full")["bn_momentum"] == 0.99
     with pytest.raises(ValueError, match="^bn_momentum must be"):
-        seed002_net(bn_momentum=1.0)
+        convblock_net(bn_momentum=1.0)

@@ -20,7 +20,7 @@ from labkit.models import cifar
 
 def tiny_model(seed=0):
     tf.keras.utils.set_random_seed(seed)
-    return cifar.seed000_net(filters=4, filter_size=3, pool_size=2, input_shape=(8, 8, 3), classes=3)
+    return cifar.sweep_net(filters=4, filter_size=3, pool_size=2, input_shape=(8, 8, 3), classes=3)
 
 
 def tiny_data(n=24, seed=0):
@@ -49,7 +49,7 @@ def test_warmup_ramps_linearly_then_follows_the_schedule():
     assert float(s(30)) == pytest.approx(0.08)
 
 
-def test_scaled_lr_is_seed002s_rule():
+def test_scaled_lr_is_the_convblock_examples_rule():
     assert training.scaled_lr(0.1, 1024) == pytest.approx(0.4)  # 4 GPUs x 256: 0.1 * 1024 / 256
     with pytest.raises(ValueError, match="batch_size"):
         training.scaled_lr(0.1, 0)
@@ -64,13 +64,13 @@ def test_schedule_bad_input_names_the_parameter(kwargs, word):
 
 
 def test_options_follow_the_seeds_and_profile():
-    full = training.seed000_options("full")
+    full = training.sweep_options("full")
     assert (full["lr"], full["drop_factor"], full["drop_period"], full["l2"], full["epochs"], full["batch_size"]) \
         == (0.001, 0.1, 30, 0.004, 40, 100)
-    quick = training.seed000_options("quick")
+    quick = training.sweep_options("quick")
     assert quick["epochs"] < full["epochs"] and quick["n_train"] < full["n_train"]
     assert quick["drop_period"] < quick["epochs"]  # the drop still happens, as in the paper
-    s2 = training.seed002_options("full", num_gpus=4)
+    s2 = training.convblock_options("full", num_gpus=4)
     assert (s2["batch_size"], s2["lr"], s2["epochs"], s2["drop_period"]) == (1024, pytest.approx(0.4), 50, 45)
     assert s2["augment"] is True
 
@@ -180,7 +180,7 @@ def test_resume_after_a_real_sigkill(tmp_path):
         tf.keras.utils.set_random_seed(int(sys.argv[1]))
         rng = np.random.default_rng(0)
         x, y = rng.integers(0, 256, (24, 8, 8, 3), dtype=np.uint8), rng.integers(0, 3, 24)
-        model = cifar.seed000_net(filters=4, filter_size=3, pool_size=2, input_shape=(8, 8, 3), classes=3)
+        model = cifar.sweep_net(filters=4, filter_size=3, pool_size=2, input_shape=(8, 8, 3), classes=3)
         training.compile_sgdm(model, lr=0.05, steps_per_epoch=3, drop_period=2)
         class Kill(tf.keras.callbacks.Callback):
             def on_epoch_end(self, epoch, logs=None):

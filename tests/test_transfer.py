@@ -45,10 +45,10 @@ def test_factor_zero_does_not_move_and_factor_k_moves_k_times_as_far():
         np.testing.assert_allclose(moved[name], 3 * reference[name], rtol=1e-4, atol=1e-6)
 
 
-def test_seed001_weight_and_bias_factors():
+def test_transfer_example_weight_and_bias_factors():
     reference = step(two_layer_model(), tf.keras.optimizers.SGD(0.01))
     model = two_layer_model()
-    opt = transfer.sgd_with_lr_factors(model, {"d2": transfer.SEED001_HEAD_FACTORS}, learning_rate=0.01,
+    opt = transfer.sgd_with_lr_factors(model, {"d2": transfer.HEAD_LR_FACTORS}, learning_rate=0.01,
                                        momentum=0.0)
     moved = step(model, opt)
     np.testing.assert_allclose(moved["d2/kernel:0"], 10 * reference["d2/kernel:0"], rtol=1e-4, atol=1e-6)
@@ -110,9 +110,9 @@ def test_freeze_keeps_only_named_layers_trainable():
 
 
 def test_transfer_model_new_head_on_pretrained_features():
-    from labkit.models.cifar import seed000_net
+    from labkit.models.cifar import sweep_net
 
-    base = seed000_net(filters=4, filter_size=3, pool_size=2, classes=5)
+    base = sweep_net(filters=4, filter_size=3, pool_size=2, classes=5)
     x = np.random.default_rng(0).normal(size=(8, 32, 32, 3)).astype("float32")
     # oracle: the base's own activations at the input of its classifier
     want = tf.keras.Model(base.input, base.get_layer("fc").input)(x).numpy()
@@ -129,10 +129,10 @@ def test_transfer_model_new_head_on_pretrained_features():
         transfer.feature_extractor(tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.ReLU()]))
 
 
-def test_strategies_follow_seed001_recipe():
-    from labkit.models.cifar import seed000_net
+def test_strategies_follow_the_transfer_examples_recipe():
+    from labkit.models.cifar import sweep_net
 
-    base = seed000_net(filters=4, filter_size=3, pool_size=2, classes=5)
+    base = sweep_net(filters=4, filter_size=3, pool_size=2, classes=5)
     frozen, opt_frozen = transfer.make_strategy("frozen", base, 5, lr=0.01)
     assert [v.name for v in frozen.trainable_variables] == ["new_fc/kernel:0", "new_fc/bias:0"]
     finetune, opt = transfer.make_strategy("finetune", base, 5, lr=0.01)

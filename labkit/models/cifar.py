@@ -5,7 +5,7 @@ MATLAB white paper "Deep Learning in the Cloud with MATLAB R2016b" (Moulder et a
   input 32x32x3 -> conv(k, F, same) -> ReLU -> maxpool(p, stride 2)
   -> [extra: conv(k, F, same) -> ReLU -> cross-channel normalisation]
   -> conv(k, 2F, same) -> ReLU -> maxpool(p, stride 2) -> dense(10) -> softmax
-  F in {20, 32}, k in {5, 3}, p in {3, 2}, extra in {no, yes}: 16 networks (SEED000_SWEEP).
+  F in {20, 32}, k in {5, 3}, p in {3, 2}, extra in {no, yes}: 16 networks (SWEEP_GRID).
   MATLAB pools without padding, so a 3x3/2 pool maps 32 -> 15 -> 7 and a 2x2/2 pool 32 -> 16 -> 8.
 MATLAB example "Train Network in the Cloud Using Automatic Parallel Support" (0.8938 test accuracy): 4 x (3x3 conv, batch norm, ReLU) at widths 32 / 64 / 128,
   2x2 max pools between the blocks, an 8x8 average pool, dense(10), softmax.
@@ -59,7 +59,7 @@ class CrossChannelNormalization(tf.keras.layers.Layer):
         return {**super().get_config(), "window": self.window, "alpha": self.alpha, "beta": self.beta, "k": self.k}
 
 
-def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_shape=CIFAR_SHAPE, classes=10,
+def sweep_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_shape=CIFAR_SHAPE, classes=10,
                 dropout=0.0):
     """The CIFAR-10 network of the MATLAB cloud white paper; the four arguments are the white paper's sweep parameters.
 
@@ -91,11 +91,11 @@ def seed000_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_
     if dropout:
         x = L.Dropout(dropout, name="dropout")(x)
     outputs = L.Dense(classes, activation="softmax", name="fc")(x)
-    name = f"seed000_f{filters}_k{filter_size}_p{pool_size}" + ("_extra" if extra_conv else "")
+    name = f"sweep_f{filters}_k{filter_size}_p{pool_size}" + ("_extra" if extra_conv else "")
     return tf.keras.Model(inputs, outputs, name=name)
 
 
-def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10, bn_momentum=0.99):
+def convblock_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10, bn_momentum=0.99):
     """The conv-block network of MATLAB's cloud-training example: 3 stages of block_depth x (3x3 conv, BN, ReLU).
 
     bn_momentum: Keras's BatchNormalization momentum for the moving statistics used at test time (0.99, Keras's
@@ -123,7 +123,7 @@ def seed002_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10, bn
         keepdims=True, name="avgpool")(x)
     x = L.Flatten(name="flatten")(x)
     outputs = L.Dense(classes, activation="softmax", name="fc")(x)
-    return tf.keras.Model(inputs, outputs, name=f"seed002_w{width}_d{block_depth}")
+    return tf.keras.Model(inputs, outputs, name=f"convblock_w{width}_d{block_depth}")
 
 
 def small_cnn(input_shape=CIFAR_SHAPE, classes=10, width=16):
@@ -147,7 +147,7 @@ def small_cnn(input_shape=CIFAR_SHAPE, classes=10, width=16):
 
 
 # the MATLAB cloud white paper's 16 sweep configurations, in the white paper's order of parameters
-SEED000_SWEEP = [
+SWEEP_GRID = [
     {"filters": f, "filter_size": k, "pool_size": p, "extra_conv": e}
     for f, k, p, e in itertools.product((20, 32), (5, 3), (3, 2), (False, True))
 ]
@@ -163,16 +163,16 @@ def memory_footprint(model) -> int:
     return 4 * count_params(model.trainable_weights)
 
 
-def _seed000_builder(input_shape=None, classes=10, **kwargs):
+def _sweep_builder(input_shape=None, classes=10, **kwargs):
     p = kwargs.get("pool_size", 3)
     # two p x p pools of stride 2 without padding: the second needs p rows, so the input needs 3p - 2
     minimum = 3 * p - 2 if isinstance(p, int) and not isinstance(p, bool) and p >= 1 else 1
-    shape = _check_shape(input_shape, minimum, f"seed000 with pool_size={p}")
-    return seed000_net(input_shape=shape, classes=classes, **kwargs)
+    shape = _check_shape(input_shape, minimum, f"sweep_net with pool_size={p}")
+    return sweep_net(input_shape=shape, classes=classes, **kwargs)
 
 
-def _seed002_builder(input_shape=None, classes=10, **kwargs):
-    return seed002_net(input_shape=_check_shape(input_shape, 4, "seed002's two 2x2 pools"), classes=classes,
+def _convblock_builder(input_shape=None, classes=10, **kwargs):
+    return convblock_net(input_shape=_check_shape(input_shape, 4, "convblock_net's two 2x2 pools"), classes=classes,
                        **kwargs)
 
 
@@ -180,4 +180,4 @@ def _small_cnn_builder(input_shape=None, classes=10, **kwargs):
     return small_cnn(input_shape=_check_shape(input_shape), classes=classes, **kwargs)
 
 
-MODELS = {"seed000": _seed000_builder, "seed002": _seed002_builder, "small_cnn": _small_cnn_builder}
+MODELS = {"sweep_net": _sweep_builder, "convblock_net": _convblock_builder, "small_cnn": _small_cnn_builder}
