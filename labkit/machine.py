@@ -178,19 +178,44 @@ def openblas_env() -> dict:
     return {name: os.environ.get(name) for name in OPENBLAS_VARS}
 
 
-def onednn_rule(env=None, machine_arch: str | None = None, system: str | None = None) -> bool:
-    """TensorFlow 2.15's rule for its oneDNN kernels, without importing it: TF_ENABLE_ONEDNN_OPTS=0/false
-    switches them off, 1/true on; unset (or any other value) leaves TF's default, on for x86-64 Linux and
-    Windows builds. (02_im2col)"""
+# CPU features for which TensorFlow 2.15 turns its oneDNN kernels on by default on Linux (its util/port.cc,
+# DefaultOneDnnPolicy): Intel since Cascade Lake, AMD since Zen 4. Names as /proc/cpuinfo spells them.
+ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo on Linux); empty where the system does not list them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("flags", "features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def onednn_rule(env=None, machine_arch: str | None = None, system: str | None = None,
+                flags: set[str] | None = None) -> bool:
+    """TensorFlow 2.15's rule for its oneDNN kernels, without importing it. macOS wheels are built without
+    them (the variable changes nothing there). Elsewhere TF_ENABLE_ONEDNN_OPTS=0/false switches them off and
+    1/true on; unset (or any other value) leaves TensorFlow's default: on for x86-64 Windows, and on x86-64
+    Linux only when the CPU has one of ONEDNN_DEFAULT_FLAGS (`flags`: the CPU's, read from /proc/cpuinfo when
+    not given). (02_im2col)"""
     env = os.environ if env is None else env
-    value = (env.get("TF_ENABLE_ONEDNN_OPTS") or "").strip().lower()
+    arch = (machine_arch or platform.machine()).lower()
+    system = system or platform.system()
+    if system == "Darwin":
+        return False
+    value = (env.get("TF_ENABLE_ONEDNN_OPTS") or "").lower()
     if value in ("0", "false"):
         return False
     if value in ("1", "true"):
         return True
-    arch = (machine_arch or platform.machine()).lower()
-    system = system or platform.system()
-    return arch in ("x86_64", "amd64") and system in ("Linux", "Windows")
+    if arch not in ("x86_64", "amd64"):
+        return False
+    if system == "Windows":
+        return True
+    return system == "Linux" and bool(set(cpu_flags() if flags is None else flags) & set(ONEDNN_DEFAULT_FLAGS))
 
 
 def tf_onednn_enabled() -> bool:

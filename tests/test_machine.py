@@ -1,7 +1,9 @@
 """labkit.machine: usable cores (affinity and cgroup quota), thread limits, BLAS, TensorFlow's oneDNN switch."""
 import os
+import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import labkit  # noqa: F401
 import pytest
@@ -90,14 +92,30 @@ def test_blas_info_and_openblas_variables(monkeypatch):
 
 
 def test_onednn_rule_parses_the_variable_as_tensorflow_documents():
-    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "0"}, "x86_64", "Linux") is False
-    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "False"}, "x86_64", "Linux") is False
-    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "1"}, "aarch64", "Darwin") is True
-    assert machine.onednn_rule({}, "x86_64", "Linux") is True
+    vnni, older = {"avx2", "avx512f", "avx512_vnni"}, {"avx", "avx2"}
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "0"}, "x86_64", "Linux", vnni) is False
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "False"}, "x86_64", "Linux", vnni) is False
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "1"}, "x86_64", "Linux", older) is True
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "TRUE"}, "x86_64", "Linux", older) is True
+    # unset or unreadable: TensorFlow's default, which on Linux depends on the CPU
+    assert machine.onednn_rule({}, "x86_64", "Linux", vnni) is True
+    assert machine.onednn_rule({}, "x86_64", "Linux", {"avx2", "amx_tile"}) is True
+    assert machine.onednn_rule({}, "x86_64", "Linux", older) is False
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "no"}, "x86_64", "Linux", older) is False
+    assert machine.onednn_rule({}, "AMD64", "Windows", set()) is True
+    # macOS wheels have no oneDNN kernels at all; Linux on Arm is off unless asked for
     assert machine.onednn_rule({}, "arm64", "Darwin") is False
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "1"}, "arm64", "Darwin") is False
+    assert machine.onednn_rule({}, "aarch64", "Linux", set()) is False
 
 
-@pytest.mark.parametrize("value", [None, "0", "no"])
+def test_cpu_flags_are_read_where_the_system_lists_them():
+    flags = machine.cpu_flags()
+    if Path("/proc/cpuinfo").exists() and platform.machine().lower() in ("x86_64", "amd64"):
+        assert {"sse2", "avx"} <= flags  # every x86-64 CPU TensorFlow 2.15's wheels run on has both
+
+
+@pytest.mark.parametrize("value", [None, "0", "1", "no"])
 def test_onednn_rule_agrees_with_tensorflow_itself(value):
     # the oracle: TensorFlow's own IsMklEnabled, read once per process, so one fresh process per setting
     code = ("import labkit; from labkit import machine; "
