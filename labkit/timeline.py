@@ -10,6 +10,7 @@ Introduced in notebooks/04_horovod_scaling.ipynb.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -72,6 +73,17 @@ def short_name(tensor: str) -> str:
     return m[1] if m else tensor.split("/")[-1]
 
 
+def labels(tensors, among=None, width=40) -> list[str]:
+    """Short row labels for tensors: Horovod's prefix dropped (short_name), then the longest whole-word start
+    that every name in `among` shares (default: tensors), cut to `width` characters. Among all of a step's
+    gradients that start is the model's name: 'convblock_w32_d4_conv1_1_...' -> 'conv1_1_...'."""
+    short = [short_name(t) for t in tensors]
+    pool = sorted({short_name(t) for t in (tensors if among is None else among)})
+    common = os.path.commonprefix(pool) if len(pool) > 1 else ""
+    common = common[:common.rfind("_") + 1]  # up to a word's end: 'convblock_w32_d4_', not 'convblock_w32_d4_c'
+    return [s[len(common):][:width] if s.startswith(common) else s[:width] for s in short]
+
+
 def gradient_step(df, step=-1):
     """The rows of one training step's gradient allreduces (step=-1: the last one), times from its start."""
     grads = df[df.tensor.str.contains("DistributedGradientTape|gradient_tape", regex=True)]
@@ -132,7 +144,7 @@ def plot(df, step=None, ax=None, max_tensors=40):
             ax.broken_barh([(r.start_ms - t_min, max(r.dur_ms, 0.05))], (y - h / 2, h), color=c,
                            label=r.phase if r.phase not in ax.get_legend_handles_labels()[1] else None)
     ax.set_yticks(range(len(order)))
-    ax.set_yticklabels([short_name(t)[:40] for t in order], fontsize=6)
+    ax.set_yticklabels(labels(order, among=df.tensor.unique()), fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.legend(fontsize=7, loc="lower right")

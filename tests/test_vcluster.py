@@ -173,6 +173,18 @@ def test_timeline_phases_from_a_hand_made_trace(tmp_path):
     assert total["NEGOTIATE_ALLREDUCE"] == pytest.approx(2 * (1.0 + 0.8))
 
 
+def test_timeline_labels_drop_the_model_name_every_gradient_shares():
+    from labkit import timeline
+    names = ["DistributedGradientTape/HorovodAllreduce_gradient_tape_convblock_w32_d4_fc_MatMul_0",
+             "DistributedGradientTape/HorovodAllreduce_gradient_tape_convblock_w32_d4_conv1_1_BiasAdd_0",
+             "DistributedGradientTape/HorovodAllreduce_gradient_tape_convblock_w32_d4_conv1_2_BiasAdd_0"]
+    assert timeline.labels(names) == ["fc_MatMul_0", "conv1_1_BiasAdd_0", "conv1_2_BiasAdd_0"]
+    # rows drawn from a step: the shared start is taken over all of its tensors, so conv1's rows keep 'conv1_'
+    assert timeline.labels(names[1:], among=names) == ["conv1_1_BiasAdd_0", "conv1_2_BiasAdd_0"]
+    assert timeline.labels(names[:1]) == ["convblock_w32_d4_fc_MatMul_0"]  # one name: nothing is shared
+    assert timeline.labels(names, width=5) == ["fc_Ma", "conv1", "conv1"]
+
+
 def _skip_unless_cluster_possible():
     reason = vcluster.why_not()
     if reason:
