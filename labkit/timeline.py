@@ -132,6 +132,7 @@ def plot(df, step=None, ax=None, max_tensors=40):
         df = df[df.step == step]
     if df.empty:
         raise ValueError("no timeline events to draw (was HOROVOD_TIMELINE set, and did a step run?)")
+    every = df.tensor.unique()  # all of the step's tensors, for the labels' shared start
     order = df[df.depth == 0].groupby("tensor")["start_ms"].min().sort_values().index[:max_tensors]
     df = df[df.tensor.isin(order)]
     ax = ax or plt.subplots(figsize=(9, 0.18 * len(order) + 1.5))[1]
@@ -144,7 +145,7 @@ def plot(df, step=None, ax=None, max_tensors=40):
             ax.broken_barh([(r.start_ms - t_min, max(r.dur_ms, 0.05))], (y - h / 2, h), color=c,
                            label=r.phase if r.phase not in ax.get_legend_handles_labels()[1] else None)
     ax.set_yticks(range(len(order)))
-    ax.set_yticklabels(labels(order, among=df.tensor.unique()), fontsize=6)
+    ax.set_yticklabels(labels(order, among=every), fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.legend(fontsize=7, loc="lower right")
