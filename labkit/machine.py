@@ -183,15 +183,20 @@ def openblas_env() -> dict:
 ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo on Linux); empty where the system does not list them."""
+def _cpuinfo(*keys: str) -> str | None:
+    """The value of the first /proc/cpuinfo line that starts with one of keys (Linux), else None."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith(("flags", "features")):
-                return set(line.split(":", 1)[1].split())
+            if line.lower().startswith(keys):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo on Linux); empty where the system does not list them."""
+    return set((_cpuinfo("flags", "features") or "").split())
 
 
 def onednn_rule(env=None, machine_arch: str | None = None, system: str | None = None,
@@ -274,13 +279,7 @@ def onednn_kernels(batch_size: int = 2, size: int = 28, channels: int = 128, ker
 
 def cpu_model() -> str:
     """The CPU's model name (from /proc/cpuinfo on Linux), or platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def describe(tensorflow: bool = True) -> str:
