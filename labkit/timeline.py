@@ -78,7 +78,7 @@ def labels(tensors, among=None, width=40) -> list[str]:
     that every name in `among` shares (default: tensors), cut to `width` characters. Among all of a step's
     gradients that start is the model's name: 'convblock_w32_d4_conv1_1_...' -> 'conv1_1_...'."""
     short = [short_name(t) for t in tensors]
-    pool = sorted({short_name(t) for t in (tensors if among is None else among)})
+    pool = sorted(set(short) if among is None else {short_name(t) for t in among})
     common = os.path.commonprefix(pool) if len(pool) > 1 else ""
     common = common[:common.rfind("_") + 1]  # up to a word's end: 'convblock_w32_d4_', not 'convblock_w32_d4_c'
     return [s[len(common):][:width] if s.startswith(common) else s[:width] for s in short]
