@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
-# pytest arguments for `make test`, e.g. make test ARGS="tests/test_conv.py -x"
+# pytest arguments for `make test`, e.g. make test ARGS="tests/conv/test_conv.py -x"
 ARGS  ?=
 
 .PHONY: lab test setup refresh lock doctor help

@@ -14,17 +14,17 @@ import importlib
 import os
 import sys
 
-from labkit import config
+from labkit.base import config
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "doctor": ("labkit.doctor", "check Python, TensorFlow, Horovod, GPUs, cores, memory, disk and data"),
+    "doctor": ("labkit.base.doctor", "check Python, TensorFlow, Horovod, GPUs, cores, memory, disk and data"),
     "data": ("labkit.data", "fetch or locate data sets (CIFAR-10) for offline compute nodes"),
     "flops": ("labkit.flops", "per-layer params, MACs and FLOPs of a named model"),
-    "conv-bench": ("labkit.bench", "time naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50 layers"),
-    "scale": ("labkit.scaling", "run Horovod data-parallel training for several worker counts"),
-    "sweep": ("labkit.netsweep", "train the MATLAB white paper's 16 networks in parallel worker processes"),
-    "exercises": ("labkit.exercises", "list the exercises, or build the learner edition without solutions"),
+    "conv-bench": ("labkit.conv.bench", "time naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50 layers"),
+    "scale": ("labkit.scale.scaling", "run Horovod data-parallel training for several worker counts"),
+    "sweep": ("labkit.sweep.networks", "train the MATLAB white paper's 16 networks in parallel worker processes"),
+    "exercises": ("labkit.exercises.build", "list the exercises, or build the learner edition without solutions"),
 }
 
 

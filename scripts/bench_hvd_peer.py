@@ -1,9 +1,9 @@
-"""labkit.hvd_train against Horovod's own synthetic benchmark, side by side, interleaved.
+"""labkit.scale.hvd_train against Horovod's own synthetic benchmark, side by side, interleaved.
 
     python scripts/bench_hvd_peer.py --peer /tmp/peer/tensorflow2_synthetic_benchmark.py --rounds 3
 
 Each round starts one process of each contender, one after the other (the order alternates every round,
-so neither always gets the cooler machine): `python -m labkit.hvd_train --model resnet50 --data random`
+so neither always gets the cooler machine): `python -m labkit.scale.hvd_train --model resnet50 --data random`
 (one fixed random batch at 224 px, as the peer feeds) and, if --peer names it, Horovod's
 examples/tensorflow2/tensorflow2_synthetic_benchmark.py (not shipped here: fetch it from the Horovod
 repository). Both: one rank, one CPU process, the same batch, warm-up steps untimed, the same number of
@@ -53,13 +53,13 @@ def _parse(argv):
 
 def _run_labkit(a, extra):
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "labkit.hvd_train", "--model", "resnet50", "--data", "random",
+        cmd = [sys.executable, "-m", "labkit.scale.hvd_train", "--model", "resnet50", "--data", "random",
                "--image-size", "224", "--classes", "1000", "--batch-size", str(a.batch_size),
                "--steps", str(a.steps), "--repeats", "1", "--warmup-steps", str(a.warmup_steps), "--out", out,
                *extra]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
-            raise RuntimeError(f"labkit.hvd_train failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+            raise RuntimeError(f"labkit.scale.hvd_train failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
         r = json.loads((Path(out) / "rank0.json").read_text())
     return r["images_per_sec"], {"threads": r["threads"]}
 
@@ -79,7 +79,7 @@ def _config(a) -> dict:
     import labkit  # noqa: F401
     import tensorflow as tf
 
-    from labkit import machine
+    from labkit.base import machine
     return {"tensorflow": tf.__version__, "onednn": machine.tf_onednn_enabled(), "cores": machine.cores(),
             "model": "ResNet-50 (keras.applications, 224 px)", "batch_size": a.batch_size,
             "timed_steps": a.steps, "warmup_steps": a.warmup_steps, "ranks": 1, "device": "CPU",

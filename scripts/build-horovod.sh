@@ -37,7 +37,7 @@ if [ "$gpu_here" = 1 ] && command -v nvcc >/dev/null 2>&1; then
     [ -n "$nccl" ] && export HOROVOD_NCCL_HOME="$nccl"
   fi
 fi
-if [ "${1:-}" = "--print-flags" ]; then  # the build's choices only, nothing built (tests/test_gpu_path.py)
+if [ "${1:-}" = "--print-flags" ]; then  # the build's choices only, nothing built (tests/scale/test_gpu_path.py)
   env | grep '^HOROVOD_' | sort; echo "ops=$ops"; exit 0
 fi
 

@@ -8,7 +8,7 @@ clear:     a ValueError/TypeError (functions) or exit 2 with no traceback (comma
            the parameter; traceback: any other exception or a command's traceback (or a message that does
            not name the parameter: 'unclear'); silent: the bad input was accepted (for `scale`: ranks were
            launched, seen through a stand-in horovodrun). Not a test: a report for
-           whoever tracks the count (tests/test_bad_inputs.py holds the same cases as tests).
+           whoever tracks the count (tests/course/test_bad_inputs.py holds the same cases as tests).
 """
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def _import(primary, fallback):
 
 
 def _resume_mismatch(tmp: Path):
-    from labkit import netsweep, sweep
+    from labkit.sweep import networks as netsweep
+    from labkit import sweep
 
     cfg = netsweep.network_configs()[0]
     rec = sweep.run_config(lambda c: {"accuracy": 0.5, "memory_bytes": 1000}, cfg, name=netsweep.network_name(cfg),
@@ -94,7 +95,7 @@ def cases():
 
     def predict0():
         import tensorflow as tf
-        from labkit import training
+        from labkit.base import training
         model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2, activation="softmax")])
         training.predict(model, np.zeros((3, 4), np.float32), batch_size=0)
 
@@ -104,7 +105,7 @@ def cases():
                              images=-5)
 
     def trainer0():
-        ns = _import("labkit.netsweep", "labkit.sweep")
+        ns = _import("labkit.sweep.networks", "labkit.sweep")
         ns.NetworkTrainer(epochs=0)
 
     return [
@@ -120,20 +121,20 @@ def cases():
         ("LABKIT_PROFILE=bogus sweep", _cli(["sweep"], "LABKIT_PROFILE", {"LABKIT_PROFILE": "bogus"})),
         ("data fetch --dir unwritable", _cli(["data", "fetch", "cifar10", "--dir", "{unwritable}"], "--dir")),
         ("training_flops(images=-5)", _fn(flops_neg, "images")),
-        ("ring_allreduce_time(alpha=-1)", _fn(lambda: _import("labkit.allreduce", "labkit.scaling")
+        ("ring_allreduce_time(alpha=-1)", _fn(lambda: _import("labkit.scale.allreduce", "labkit.scale.scaling")
                                               .ring_allreduce_time(1e6, 4, alpha=-1, beta=1e-9), "alpha")),
-        ("fit_alpha_beta(zero times)", _fn(lambda: _import("labkit.allreduce", "labkit.scaling")
+        ("fit_alpha_beta(zero times)", _fn(lambda: _import("labkit.scale.allreduce", "labkit.scale.scaling")
                                            .fit_alpha_beta([1e3, 1e6, 1e7], [0.0, 0.0, 0.0], p=2), "times")),
-        ("matlab_param_count(filters=-5)", _fn(lambda: _import("labkit.netsweep", "labkit.sweep").matlab_param_count(
+        ("matlab_param_count(filters=-5)", _fn(lambda: _import("labkit.sweep.networks", "labkit.sweep").matlab_param_count(
             {"filters": -5, "filter_size": 3, "pool_size": 2}), "filters")),
         ("NetworkTrainer(epochs=0)", _fn(trainer0, "epochs")),
         ("conv2d_im2col N=0", _fn(conv((0, 8, 8, 3), (3, 3, 3, 4)), "N")),
         ("conv2d_im2col C=0", _fn(conv((1, 8, 8, 0), (3, 3, 0, 4)), "C")),
         ("conv2d_im2col C_out=0", _fn(conv((1, 8, 8, 3), (3, 3, 3, 0)), "C_out")),
-        ("allreduce.predict(batch_per_gpu=0)", _fn(lambda: _import("labkit.allreduce", "labkit.scaling").predict(
+        ("allreduce.predict(batch_per_gpu=0)", _fn(lambda: _import("labkit.scale.allreduce", "labkit.scale.scaling").predict(
             (1, 2, 4), batch_per_gpu=0), "batch_per_gpu")),
         ("training.predict(batch_size=0)", _fn(predict0, "batch_size")),
-        ("take_slots(['a:x'])", _fn(lambda: _import("labkit.launch", "labkit.scaling").take_slots(["a:x"], 1), "a:x")),
+        ("take_slots(['a:x'])", _fn(lambda: _import("labkit.scale.launch", "labkit.scale.scaling").take_slots(["a:x"], 1), "a:x")),
         ("models.get(input_shape=(4,4,3))", _fn(lambda: __import__("labkit.models", fromlist=["get"]).get(
             "resnet50", input_shape=(4, 4, 3)), "input_shape")),
     ]

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Install the Debian packages that the browser and Slurm tests drive (make test runs this before pytest):
-#   chromium                                  tests/test_browser.py  (headless JupyterLab)
-#   slurmctld slurmd slurm-client munge       tests/test_slurm.py    (single-node Slurm on loopback)
-#   the shellcheck linter                     tests/test_shell.py    (lints every shell script)
-#   openssh-server iproute2 util-linux        tests/test_vcluster.py (sshd, ip netns/tc, nsenter per node)
-#   libopenmpi-dev openmpi-bin                Open MPI: Horovod's MPI controller (tests/test_localscale.py,
+#   chromium                                  tests/course/test_browser.py  (headless JupyterLab)
+#   slurmctld slurmd slurm-client munge       tests/course/test_slurm.py    (single-node Slurm on loopback)
+#   the shellcheck linter                     tests/course/test_shell.py    (lints every shell script)
+#   openssh-server iproute2 util-linux        tests/scale/test_vcluster.py (sshd, ip netns/tc, nsenter per node)
+#   libopenmpi-dev openmpi-bin                Open MPI: Horovod's MPI controller (tests/scale/test_localscale.py,
 #                                             04's controller comparison); make test runs this step before
 #                                             setup, so Horovod is built with it
 #

@@ -147,7 +147,7 @@ free_port() {  # a TCP port nobody listens on in the host's namespace
 }
 
 write_slurm_conf() {
-  # scripts/slurm.conf.in (shared with tests/test_slurm.py) filled in, plus one NodeName line per node
+  # scripts/slurm.conf.in (shared with tests/course/test_slurm.py) filled in, plus one NodeName line per node
   local n="$1" cpus="$2" ctld_port="$3" host i
   host="$(hostname -s)"
   sed -e "s|@CLUSTER@|labkit-vcluster|" -e "s|@CTLD_HOST@|$host($HOST_IP)|" -e "s|@CTLD_PORT@|$ctld_port|" \
@@ -186,7 +186,7 @@ print_status() {
   done
   echo "  Slurm: export SLURM_CONF=$DIR/etc/slurm.conf"
   echo "  Horovod (launched from a node, as a job does): $0 exec ${PREFIX}1 \\"
-  echo "    horovodrun --gloo -np 2 -H ${PREFIX}1:1,${PREFIX}2:1 --network-interface eth0 python -m labkit.hvd_train --threads 1"
+  echo "    horovodrun --gloo -np 2 -H ${PREFIX}1:1,${PREFIX}2:1 --network-interface eth0 python -m labkit.scale.hvd_train --threads 1"
 }
 
 ours() {  # ours PID: a live process this cluster started (its command line or environment names it)

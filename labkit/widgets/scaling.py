@@ -1,6 +1,6 @@
 """The scaling explorer: GPUs x model x GPU type x network x overlap -> predicted efficiency (04_horovod_scaling).
 
-A view over labkit.allreduce.predict (the ring-allreduce step-time model); it adds no numbers of its own.
+A view over labkit.scale.allreduce.predict (the ring-allreduce step-time model); it adds no numbers of its own.
 """
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ def explorer():
     """A widget: GPUs x model x GPU type x network x overlap -> predicted efficiency and images/s."""
     import ipywidgets as W
 
-    from labkit import allreduce, hardware
+    from labkit.scale import allreduce
+    from labkit.flops import hardware
 
     out = W.Output()
     gpus = W.SelectionSlider(options=[2 ** k for k in range(10)], value=64, description="GPUs")

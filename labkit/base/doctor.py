@@ -1,0 +1,238 @@
+"""`labkit doctor`: what is installed and working, and a one-line fix for anything missing (00_welcome).
+
+`doctor()` returns the report as data; `labkit doctor` prints it and exits 1 when something the course
+needs is missing. Horovod's own `horovodrun --check-build` is the source of truth for what it was built with.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import labkit
+from labkit.base import config
+
+SUPPORTED_PYTHON = ((3, 9), (3, 11))
+PINNED_TF = "2.15.1"
+PINNED_HOROVOD = "0.28.1"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    value: str
+    fix: str = ""
+    required: bool = True  # a failed optional check (no GPU, no CIFAR-10) is information, not a problem
+
+
+@dataclass
+class Report:
+    checks: list = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def problems(self) -> list:
+        return [c for c in self.checks if c.required and not c.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "checks": [asdict(c) for c in self.checks], "info": self.info}
+
+    def __str__(self) -> str:
+        width = max(len(c.name) for c in self.checks)
+        lines = []
+        for c in self.checks:
+            mark = "ok  " if c.ok else ("FAIL" if c.required else "--  ")
+            lines.append(f"[{mark}] {c.name:<{width}}  {c.value}")
+        for c in self.problems:
+            lines.append(f"fix {c.name}: {c.fix}")
+        lines.append("all checks passed" if self.ok else f"{len(self.problems)} problem(s) found")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):  # IPython shows the table, not the dataclass
+        p.text(str(self))
+
+
+def _python_check() -> Check:
+    v = sys.version_info[:2]
+    ok = SUPPORTED_PYTHON[0] <= v <= SUPPORTED_PYTHON[1]
+    return Check("python", ok, platform.python_version(),
+                 "TensorFlow 2.15 supports Python 3.9-3.11: recreate .venv with LABKIT_PYTHON=python3.11 make lab")
+
+
+def _tensorflow_check(report: Report) -> Check:
+    try:
+        import tensorflow as tf
+    except ImportError as err:
+        return Check("tensorflow", False, f"not importable ({err})", "run `make setup` (installs tensorflow)")
+    labkit.quiet()
+    try:
+        import keras
+        keras_version = keras.__version__
+    except ImportError:
+        keras_version = "missing"
+    report.info["keras"] = keras_version
+    report.info["tensorflow"] = tf.__version__
+    ok = tf.__version__ == PINNED_TF
+    return Check("tensorflow", ok, f"{tf.__version__} (keras {keras_version})",
+                 f"the course is pinned to tensorflow {PINNED_TF}: run `make setup`")
+
+
+def parse_check_build(text: str) -> dict:
+    """Parse `horovodrun --check-build` into {'version', 'frameworks', 'controllers', 'operations'}."""
+    out = {"version": None, "frameworks": [], "controllers": [], "operations": []}
+    m = re.search(r"Horovod v(\S+?):?\s*$", text, re.M)
+    if m:
+        out["version"] = m.group(1)
+    section = None
+    keys = {"Available Frameworks": "frameworks", "Available Controllers": "controllers",
+            "Available Tensor Operations": "operations"}
+    for line in text.splitlines():
+        stripped = line.strip().rstrip(":")
+        if stripped in keys:
+            section = keys[stripped]
+            continue
+        m = re.match(r"\[(X| )\]\s+(\S+)", line.strip())
+        if m and section and m.group(1) == "X":
+            out[section].append(m.group(2))
+    return out
+
+
+def _run_check_build() -> tuple[dict | None, int | None, str]:
+    """`horovodrun --check-build` (the launcher's horovodrun), parsed: (build, returncode, ''), or
+    (None, None, why) where horovodrun is missing or cannot run."""
+    from labkit.scale.launch import horovodrun_path  # the same lookup the launcher uses
+    exe = horovodrun_path()
+    if exe is None:
+        return None, None, "not installed"
+    try:
+        proc = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, None, f"horovodrun --check-build failed ({err})"
+    return parse_check_build(proc.stdout), proc.returncode, ""
+
+
+@functools.lru_cache(maxsize=None)
+def horovod_build() -> dict | None:
+    """What this environment's Horovod was built with (parse_check_build's dict), asked once per process;
+    None where horovodrun is missing or fails."""
+    build, returncode, _ = _run_check_build()
+    return build if returncode == 0 and build["version"] else None
+
+
+def _horovod_check(report: Report) -> Check:
+    fix = "build it: `make setup` (or scripts/build-horovod.sh inside your environment)"
+    build, returncode, why = _run_check_build()
+    if build is None:
+        return Check("horovod", False, why, fix)
+    # --check-build marks PyTorch even when torch is absent: report TensorFlow and the transports only
+    build["frameworks"] = [f for f in build["frameworks"] if f == "TensorFlow"]
+    report.info["horovod_build"] = build
+    if returncode != 0 or build["version"] is None:
+        return Check("horovod", False, f"horovodrun --check-build exited {returncode}", fix)
+    transports = sorted(set(build["controllers"]) | set(build["operations"]))
+    value = f"{build['version']} (TensorFlow: {'yes' if build['frameworks'] else 'NO'}; " \
+            f"controllers: {', '.join(build['controllers']) or 'none'}; " \
+            f"ops: {', '.join(build['operations']) or 'none'})"
+    if not build["frameworks"]:
+        return Check("horovod", False, value, "Horovod was built without TensorFlow: " + fix)
+    if not ({"Gloo", "MPI"} & set(transports)):
+        return Check("horovod", False, value, "Horovod has neither Gloo nor MPI: " + fix)
+    if build["version"] != PINNED_HOROVOD:
+        return Check("horovod", False, value, f"the course is pinned to horovod {PINNED_HOROVOD}: " + fix)
+    return Check("horovod", True, value)
+
+
+def _gpu_check(report: Report) -> Check:
+    try:
+        import tensorflow as tf
+        gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+    except ImportError:
+        gpus = []
+    report.info["gpus"] = gpus
+    value = f"{len(gpus)} visible to TensorFlow" + (f" ({', '.join(gpus)})" if gpus else "; CPU only")
+    return Check("gpus", bool(gpus), value, "optional: the full profile wants a GPU", required=False)
+
+
+def _memory_bytes() -> tuple[int | None, int | None]:
+    try:
+        import psutil
+        vm = psutil.virtual_memory()
+        return vm.total, vm.available
+    except ImportError:
+        return None, None
+
+
+def doctor(check_horovod: bool = True) -> Report:
+    """Inspect this environment and return a Report (checks + info); `.ok` is False if the course can't run."""
+    report = Report()
+    report.checks.append(_python_check())
+    report.checks.append(_tensorflow_check(report))
+    if check_horovod:
+        report.checks.append(_horovod_check(report))
+    report.checks.append(_gpu_check(report))
+
+    from labkit.base import machine
+
+    cores = machine.cores()
+    report.info["cores"] = cores
+    report.checks.append(Check("cores", True, f"{cores} usable by this process", required=False))
+    total, avail = _memory_bytes()
+    report.info["memory_bytes"] = total
+    if total:
+        report.checks.append(Check("memory", avail > 1.5e9, f"{total / 2**30:.1f} GiB total, "
+                                   f"{avail / 2**30:.1f} GiB available",
+                                   "under 1.5 GiB free: close other programs or use LABKIT_PROFILE=quick",
+                                   required=False))
+    disk = shutil.disk_usage(Path.cwd())
+    report.info["disk_free_bytes"] = disk.free
+    report.checks.append(Check("disk", disk.free > 2e9, f"{disk.free / 2**30:.1f} GiB free here",
+                               "under 2 GiB free: CIFAR-10 and checkpoints need room", required=False))
+    try:
+        prof = config.profile()
+        report.checks.append(Check("profile", True, f"{prof} (LABKIT_PROFILE)"))
+    except ValueError as err:
+        prof = None
+        report.checks.append(Check("profile", False, str(err).split(";")[1].strip(), str(err).split("Fix: ")[-1]))
+    report.info["profile"] = prof
+    report.info["data_dir"] = str(config.data_dir())
+    report.checks.append(_cifar10_check(report))
+    return report
+
+
+def _cifar10_check(report: Report) -> Check:
+    """Found and intact, corrupt (load_dataset would raise: a failed, required check with the fix), or absent."""
+    from labkit.data import cifar10
+
+    where = cifar10.find_cifar10() or cifar10._find_archive()
+    report.info["cifar10"] = str(where) if where else None
+    if where is None:
+        return Check("cifar10", False, "not found locally; notebooks use the offline data set",
+                     "optional: `labkit data fetch cifar10` on a machine with internet", required=False)
+    problem = cifar10.cifar10_problem()
+    if problem:
+        return Check("cifar10", False, f"{where} is corrupt: notebooks that load it will stop with an error",
+                     "labkit data fetch cifar10 --force (on a machine with internet), or delete it to use the "
+                     "offline data set")
+    return Check("cifar10", True, f"{where} (checksums verified)", required=False)
+
+
+def cli_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="labkit doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-horovod", action="store_true", help="skip the Horovod check")
+    args = parser.parse_args(argv)
+    report = doctor(check_horovod=not args.no_horovod)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report)
+    return 0 if report.ok else 1

@@ -1,0 +1,321 @@
+"""The one home of machine facts: usable cores, thread limits, numpy's BLAS, TensorFlow's oneDNN switch.
+
+    from labkit.base import machine
+    machine.cores()              # CPU cores this process may use (affinity mask and cgroup quota)
+    machine.limit_threads(2)     # BLAS/OpenMP pools and TensorFlow's pools, before TF's first op
+    print(machine.describe())    # CPU, cores, BLAS and its kernel, TensorFlow version, oneDNN on/off
+
+Nothing here imports TensorFlow at import time; only limit_threads(tensorflow=True) and
+tf_onednn_enabled() load it, when called. (00_welcome)
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                   "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Cores
+
+
+def _affinity_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def cgroup_cpu_limit(root: Path | str = _CGROUP_ROOT) -> float | None:
+    """The CPU quota of this process's cgroup in cores (e.g. 1.5), or None when there is no quota.
+
+    cgroup v2: cpu.max holds "quota period" or "max period"; cgroup v1: cpu.cfs_quota_us (-1 = none) and
+    cpu.cfs_period_us. A container started with --cpus=2 on a 64-core host has affinity 64 but quota 2."""
+    root = Path(root)
+    try:
+        text = (root / "cpu.max").read_text().split()
+        if text and text[0] != "max":
+            return int(text[0]) / int(text[1])
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def cores() -> int:
+    """CPU cores this process may use: its affinity mask, capped by its cgroup's CPU quota (rounded up). (00_welcome)"""
+    return _usable_cores()
+
+
+def _usable_cores() -> int:
+    n = _affinity_cores()
+    quota = cgroup_cpu_limit()
+    if quota is not None:
+        n = min(n, max(1, math.ceil(quota)))
+    return max(1, n)
+
+
+def default_threads(cores: int | None = None, local_size: int = 1) -> int:
+    """Threads per rank: the usable cores split evenly among the `local_size` ranks on this host, never 0. (04_horovod_scaling)"""
+    if local_size is None or isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
+        raise ValueError(f"local_size must be an int >= 1; got {local_size!r}")
+    if cores is None:
+        cores = _usable_cores()
+    elif isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"cores must be an int >= 1; got {cores!r}")
+    return max(1, cores // local_size)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Thread limits
+
+
+_THREADPOOL_LIMITS = None  # keeps threadpoolctl's limit alive for the process's lifetime
+
+
+def limit_threads(threads: int, tensorflow: bool = True) -> None:
+    """Pin this process to `threads` compute threads: OpenMP/BLAS pools and, if asked, TensorFlow's.
+
+    Call before TensorFlow runs its first op (a spawned worker's start-up); afterwards TF's pools are fixed.
+    (05_network_sweep)"""
+    global _THREADPOOL_LIMITS
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be a positive int; got {threads!r}")
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = str(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+
+        _THREADPOOL_LIMITS = threadpool_limits(limits=threads)
+    except ImportError:  # the environment variables still apply to libraries loaded later
+        pass
+    if tensorflow:
+        import labkit  # noqa: F401  (TF log level before TF)
+        import tensorflow as tf
+
+        labkit.quiet()
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def thread_report() -> dict:
+    """This process's thread limits now: env vars, BLAS pools, TensorFlow's pools (if TF is imported). (05_network_sweep)"""
+    report = {var: os.environ.get(var) for var in THREAD_ENV_VARS}
+    try:
+        from threadpoolctl import threadpool_info
+
+        report["blas_threads"] = [info["num_threads"] for info in threadpool_info()]
+    except ImportError:
+        report["blas_threads"] = []
+    if "tensorflow" in sys.modules:
+        tf = sys.modules["tensorflow"]
+        report["tf_intra_op"] = tf.config.threading.get_intra_op_parallelism_threads()
+        report["tf_inter_op"] = tf.config.threading.get_inter_op_parallelism_threads()
+    return report
+
+
+def thread_cpu_seconds(task_dir: Path | str = "/proc/self/task") -> dict:
+    """CPU seconds so far of each of this process's threads, {thread id: seconds}, from Linux's /proc
+    (schedstat: nanoseconds on a core; stat's user + system ticks where schedstat is missing). {} where
+    there is no /proc (macOS). Time waiting for a core is not counted. (04_horovod_scaling)"""
+    task_dir = Path(task_dir)
+    try:
+        tids = [d.name for d in task_dir.iterdir()]
+    except OSError:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = {}
+    for tid in tids:
+        try:
+            out[int(tid)] = int((task_dir / tid / "schedstat").read_text().split()[0]) / 1e9
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
+        try:  # fields after the ")" that ends the thread's name: utime and stime are the 12th and 13th
+            fields = (task_dir / tid / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            pass  # the thread ended between the listing and the read
+    return out
+
+
+def thread_wait_channel(tid: int, task_dir: Path | str = "/proc/self/task") -> str:
+    """The kernel function thread `tid` of this process sleeps in ('do_epoll_wait' for an event loop,
+    'futex_wait_queue' or similar for a lock or condition); '' when running, unknown or unreadable."""
+    try:
+        name = (Path(task_dir) / str(tid) / "wchan").read_text().strip()
+    except OSError:
+        return ""
+    return "" if name == "0" else name
+
+
+# ----------------------------------------------------------------------------------------------------
+# BLAS and oneDNN
+
+
+def blas_info() -> list:
+    """threadpoolctl's view of numpy's BLAS: library, version, kernel ('architecture'), threads. (02_im2col)"""
+    import numpy  # noqa: F401  (loads the BLAS so threadpoolctl can see it)
+    from threadpoolctl import threadpool_info
+
+    return [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
+
+
+def openblas_env() -> dict:
+    """The OpenBLAS variables that pin its kernel choice: {name: value or None when unset}. (02_im2col)"""
+    return {name: os.environ.get(name) for name in OPENBLAS_VARS}
+
+
+# CPU features for which TensorFlow 2.15 turns its oneDNN kernels on by default on Linux (its util/port.cc,
+# DefaultOneDnnPolicy): Intel since Cascade Lake, AMD since Zen 4. Names as /proc/cpuinfo spells them.
+ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def _cpuinfo(*keys: str) -> str | None:
+    """The value of the first /proc/cpuinfo line that starts with one of keys (Linux), else None."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(keys):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo on Linux); empty where the system does not list them."""
+    return set((_cpuinfo("flags", "features") or "").split())
+
+
+def onednn_rule(env=None, machine_arch: str | None = None, system: str | None = None,
+                flags: set[str] | None = None) -> bool:
+    """TensorFlow 2.15's rule for its oneDNN kernels, without importing it. macOS wheels are built without
+    them (the variable changes nothing there). Elsewhere TF_ENABLE_ONEDNN_OPTS=0/false switches them off and
+    1/true on; unset (or any other value) leaves TensorFlow's default: on for x86-64 Windows, and on x86-64
+    Linux only when the CPU has one of ONEDNN_DEFAULT_FLAGS (`flags`: the CPU's, read from /proc/cpuinfo when
+    not given). (02_im2col)"""
+    env = os.environ if env is None else env
+    arch = (machine_arch or platform.machine()).lower()
+    system = system or platform.system()
+    if system == "Darwin":
+        return False
+    value = (env.get("TF_ENABLE_ONEDNN_OPTS") or "").lower()
+    if value in ("0", "false"):
+        return False
+    if value in ("1", "true"):
+        return True
+    if arch not in ("x86_64", "amd64"):
+        return False
+    if system == "Windows":
+        return True
+    return system == "Linux" and bool(set(cpu_flags() if flags is None else flags) & set(ONEDNN_DEFAULT_FLAGS))
+
+
+def tf_onednn_enabled() -> bool:
+    """Whether TensorFlow runs its oneDNN kernels in this process: asked of TensorFlow itself (its
+    IsMklEnabled), or by onednn_rule() when TensorFlow is not installed. Imports TensorFlow. (02_im2col)"""
+    try:
+        import labkit
+
+        labkit.quiet()
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return onednn_rule()
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+_KERNEL_PROBE = """
+import numpy as np, tensorflow as tf
+n, h, c, k = {shape}
+x = tf.constant(np.ones((n, h, h, c), np.float32)); w = tf.constant(np.ones((k, k, c, c), np.float32))
+tf.nn.conv2d(x, w, 1, "SAME").numpy()
+tf.linalg.matmul(tf.reshape(x, (-1, c)), tf.reshape(w[0, 0], (c, c))).numpy()
+"""
+
+
+def onednn_kernels(batch_size: int = 2, size: int = 28, channels: int = 128, kernel: int = 3) -> dict:
+    """Which kernels TensorFlow runs for one tf.nn.conv2d and one tf.linalg.matmul, as oneDNN reports them.
+
+    Runs the two ops in a fresh Python with ONEDNN_VERBOSE=1 (the variable is read once, when TensorFlow
+    loads) and parses oneDNN's "exec" lines: {"conv2d": "brgconv:avx512_core (convolution_direct)",
+    "matmul": "oneDNN sgemm", ...} (TensorFlow's Eigen matmul calls oneDNN's sgemm even with oneDNN's
+    other kernels off). With oneDNN off there are no such lines and each op maps to
+    "TensorFlow's own (Eigen) kernel". Takes a few seconds (a TensorFlow start-up). (02_im2col)"""
+    import subprocess
+
+    for name, value in (("batch_size", batch_size), ("size", size), ("channels", channels), ("kernel", kernel)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2")
+    code = _KERNEL_PROBE.format(shape=(batch_size, size, channels, kernel))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"the TensorFlow probe failed: {done.stderr.strip().splitlines()[-1:]}")
+    found = {}
+    for line in done.stdout.splitlines():
+        fields = line.split(",")
+        if len(fields) < 6 or fields[0] != "onednn_verbose" or fields[1] != "exec":
+            continue
+        primitive, impl = fields[3], fields[4] or ("oneDNN sgemm" if fields[3] == "gemm_api" else "?")
+        alg = next((f.split("alg:")[1] for f in fields if f.startswith("alg:")), "")
+        name = {"convolution": "conv2d", "gemm_api": "matmul", "matmul": "matmul"}.get(primitive, primitive)
+        found.setdefault(name, impl + (f" ({alg})" if alg else ""))
+    for op in ("conv2d", "matmul"):
+        found.setdefault(op, "TensorFlow's own (Eigen) kernel")
+    return found
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux), or platform.processor()."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def describe(tensorflow: bool = True) -> str:
+    """Lines naming the CPU, usable cores, numpy's BLAS and kernel, the OpenBLAS pins, TensorFlow and
+    whether its oneDNN kernels are on (tensorflow=False: skip TF, so no TF import). (02_im2col)"""
+    lines = [f"CPU: {cpu_model()}; {cores()} usable cores of {os.cpu_count()}"]
+    try:
+        libs = blas_info()
+    except ImportError:
+        libs = []
+    for lib in libs:
+        lines.append(f"numpy BLAS: {lib.get('internal_api')} {lib.get('version')}, kernel "
+                     f"{lib.get('architecture', '?')}, {lib.get('num_threads')} threads "
+                     f"({lib.get('threading_layer', '?')}), {os.path.basename(lib.get('filepath', ''))}")
+    if not libs:
+        lines.append("numpy BLAS: not visible to threadpoolctl")
+    pinned = {k: v for k, v in openblas_env().items() if v is not None}
+    if pinned:
+        lines.append("OpenBLAS kernel pinned by " + ", ".join(f"{k}={v}" for k, v in pinned.items())
+                     + " (for a fair run: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE labkit conv-bench)")
+    else:
+        lines.append("OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset: OpenBLAS picked its own kernel")
+    if tensorflow:
+        try:
+            import labkit
+
+            labkit.quiet()
+            import tensorflow as tf
+
+            version = tf.__version__
+        except ImportError:
+            version = None
+        if version is None:
+            lines.append("TensorFlow: not installed")
+        else:
+            on = tf_onednn_enabled()
+            lines.append(f"TensorFlow {version}: oneDNN kernels {'on' if on else 'off'} "
+                         f"(TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')})")
+    return "\n".join(lines)

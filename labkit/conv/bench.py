@@ -1,0 +1,440 @@
+"""The convolution benchmark behind `labkit conv-bench` (02_im2col).
+
+On each of ResNet-50's 3x3 and 1x1 layers it times, side by side in one process (labkit.base.timing's rules:
+warm-up excluded, round-robin repeats), conv2d_im2col with both engines (numpy's im2col + numpy's BLAS;
+tf.gather + TensorFlow's matmul), tf.nn.conv2d (TensorFlow's own kernels: oneDNN's direct convolution
+where oneDNN is on), a bare GEMM of the same M x K x N with numpy's BLAS and with TensorFlow's matmul
+(each engine's own GEMM), and the naive loops on a small image. It prints
+GFLOP/s and ratios beside the machine (labkit.base.machine.describe) and the load average; judging them is
+the reader's business.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from labkit.base import config, machine
+from labkit import conv
+from labkit.base.timing import Timing, compare, gemm_rate, load_average, timeit  # noqa: F401  (bench.timeit in 02_im2col)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The conv benchmark: ResNet-50's 3x3 and 1x1 layers
+
+
+@dataclass(frozen=True)
+class ConvLayer:
+    name: str
+    size: int  # input height = width
+    c_in: int
+    c_out: int
+    kernel: int  # 3 or 1; stride 1, SAME padding
+
+    def geometry(self, batch_size: int) -> conv.ConvGeometry:
+        return conv.geometry((batch_size, self.size, self.size, self.c_in), self.kernel, 1, "SAME")
+
+
+# Each bottleneck block of ResNet-50 (He et al. 2016, "Deep Residual Learning for Image Recognition",
+# Table 1): 1x1 reduce, 3x3, 1x1 expand.
+RESNET50_LAYERS = tuple(
+    layer
+    for stage, size, width in (("conv2_x", 56, 64), ("conv3_x", 28, 128), ("conv4_x", 14, 256), ("conv5_x", 7, 512))
+    for layer in (ConvLayer(f"{stage} 3x3", size, width, width, 3),
+                  ConvLayer(f"{stage} 1x1 reduce", size, 4 * width, width, 1),
+                  ConvLayer(f"{stage} 1x1 expand", size, width, 4 * width, 1))
+)
+
+METHODS = ("im2col", "im2col_tf", "tf", "gemm", "tf_gemm", "naive")
+LABELS = {"im2col": "im2col + numpy GEMM", "im2col_tf": "im2col + TensorFlow GEMM", "tf": "tf.nn.conv2d",
+          "gemm": "bare GEMM (numpy)", "tf_gemm": "bare GEMM (tf.linalg.matmul)", "naive": "naive (loops)"}
+# ratio name -> (numerator, denominator): each im2col engine against TF's conv and against its own bare GEMM,
+# and how far a bare GEMM (numpy's or TensorFlow's) is from TensorFlow's convolution kernel
+RATIOS = {"im2col_vs_tf": ("im2col", "tf"), "im2col_vs_gemm": ("im2col", "gemm"),
+          "im2col_tf_vs_tf": ("im2col_tf", "tf"), "im2col_tf_vs_tf_gemm": ("im2col_tf", "tf_gemm"),
+          "gemm_vs_tf": ("gemm", "tf"), "tf_gemm_vs_tf": ("tf_gemm", "tf"), "im2col_vs_naive": ("im2col", "naive")}
+
+
+@dataclass
+class LayerResult:
+    layer: str
+    kernel: int
+    input_shape: tuple
+    gemm_mkn: tuple  # the GEMM: M x K x N
+    gflop: float  # FLOPs of one forward pass at this batch size, in GFLOP
+    gflops: dict  # method -> GFLOP/s at the bench's statistic (naive: at its reduced size, per FLOP)
+    median_ms: dict
+    spread_ms: dict
+    naive_shape: tuple = ()  # (1, H, W, C_in, C_out) the naive loops ran on
+    best_ms: dict = field(default_factory=dict)
+    times_ms: dict = field(default_factory=dict)  # method -> ms per call in each round-robin round
+    paired: dict = field(default_factory=dict)  # stat="paired": ratio name -> median over rounds of that round's ratio
+
+    @property
+    def ratios(self) -> dict:
+        g = self.gflops
+        out = {name: g[top] / g[bottom] for name, (top, bottom) in RATIOS.items() if g.get(top) and g.get(bottom)}
+        out.update(self.paired)
+        return out
+
+
+@dataclass
+class BenchResult:
+    profile: str
+    batch_size: int
+    repeats: int
+    chunk_size: object  # "auto", rows per GEMM, or None (whole batch)
+    machine_gemm_gflops: float
+    machine: str
+    openblas_env: dict
+    blas: list
+    layers: list = field(default_factory=list)
+    load_average: list = field(default_factory=list)  # 1-minute load average before and after the run
+    machine_gemm_size: int = 2048
+    threads: dict = field(default_factory=dict)  # {"blas": N, "tf_intra_op": M, "tf_inter_op": L (0: one per core)}
+    clock: str = "wall"  # "wall": elapsed time; "cpu": CPU time of all threads (GFLOP/s per busy core)
+    stat: str = "best"  # GFLOP/s and ratios at the fastest repeat ("best"), at the median, or "paired" (see conv_bench)
+    onednn: object = None  # whether TensorFlow ran its oneDNN kernels (None: not known)
+
+    def summary(self) -> dict:
+        """Per kernel size ("3x3", "1x1"), per ratio: geometric mean over the layers, worst value and layer."""
+        out = {}
+        for kernel in (3, 1):
+            rows = [r for r in self.layers if r.kernel == kernel]
+            if not rows:
+                continue
+            out[f"{kernel}x{kernel}"] = kinds = {}
+            for key in RATIOS:
+                values = [(r.ratios[key], r.layer) for r in rows if key in r.ratios]
+                if values:
+                    worst = min(values)
+                    kinds[key] = {"geomean": float(np.exp(np.mean([np.log(v) for v, _ in values]))),
+                                  "worst": worst[0], "worst_layer": worst[1]}
+        return out
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for row, layer in zip(d["layers"], self.layers):
+            row["ratios"] = layer.ratios
+        d["summary"] = self.summary()
+        return d
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        rows = []
+        for r in self.layers:
+            row = {"layer": r.layer, "M x K x N": " x ".join(map(str, r.gemm_mkn)), "GFLOP": round(r.gflop, 3)}
+            row.update({f"{m} GFLOP/s": round(v, 2) for m, v in r.gflops.items()})
+            row.update({k.replace("_vs_", "/"): round(v, 2) for k, v in r.ratios.items()})
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("layer")
+
+    def __str__(self) -> str:
+        stat = {"best": "fastest", "paired": "ratios: median over rounds of each round's ratio, GFLOP/s: median"}.get(
+            self.stat, "median")
+        onednn = {True: "on", False: "off"}.get(self.onednn, "unknown")
+        lines = [f"conv-bench: profile={self.profile}, batch_size={self.batch_size}, {stat} of {self.repeats} "
+                 f"repeats (warm-up excluded), float32, stride 1, SAME; im2col chunk_size={self.chunk_size}; "
+                 f"TensorFlow's oneDNN kernels {onednn}"
+                 + ("; timed by CPU time: GFLOP/s per busy core" if self.clock == "cpu" else ""),
+                 self.machine,
+                 f"this machine's float32 GEMM (numpy, {self.machine_gemm_size}^3): {self.machine_gemm_gflops:.1f} GFLOP/s"]
+        if self.threads:
+            per_core = f"{os.cpu_count()} (one per core)"
+            lines.append(f"threads: numpy BLAS and im2col workers {self.threads.get('blas')}, TensorFlow intra-op "
+                         f"{self.threads.get('tf_intra_op') or per_core}, inter-op "
+                         f"{self.threads.get('tf_inter_op') or per_core}")
+        if self.load_average:
+            busy = max(self.load_average) > 0.5 * (os.cpu_count() or 1)
+            lines.append(f"load average (1 min) {' -> '.join(f'{v:.1f}' for v in self.load_average)} on "
+                         f"{os.cpu_count()} cores" + (": other programs competed for the CPU; trust the "
+                                                      "ratios more than the GFLOP/s" if busy else ""))
+        lines.append("")
+        lines.append("engines: im2col = numpy's im2col + numpy GEMM; im2tf = conv2d_im2col(engine='tf'), tf.gather + "
+                     "TensorFlow GEMM; gemm, tfgemm = a bare GEMM of the same M x K x N with numpy, with TensorFlow")
+        head = (f"{'layer':<20} {'M x K x N':>18} {'im2col':>7} {'im2tf':>6} {'tf':>6} {'gemm':>6} {'tfgemm':>6} "
+                f"{'naive':>7}  {'im2col/tf':>9} {'im2col/gemm':>11} {'im2tf/tf':>8} {'im2tf/tfgemm':>12} "
+                f"{'gemm/tf':>7} {'tfgemm/tf':>9} {'im2col/naive':>12}")
+        lines += [head, f"{'':<20} {'':>18} {'--------------- GFLOP/s ---------------':>45}", "-" * len(head)]
+        nan = float("nan")
+        for r in self.layers:
+            g, q = r.gflops, r.ratios
+            cell = (lambda key, width, fmt: format(q[key], fmt) + "x" if key in q else f"{'-':>{width}}")
+            naive = f"{g['naive']:7.4f}" if g.get("naive") else f"{'-':>7}"
+            lines.append(f"{r.layer:<20} {' x '.join(map(str, r.gemm_mkn)):>18} {g['im2col']:7.1f} "
+                         f"{g.get('im2col_tf', nan):6.1f} {g['tf']:6.1f} {g['gemm']:6.1f} {g.get('tf_gemm', nan):6.1f} "
+                         f"{naive}  {cell('im2col_vs_tf', 9, '8.2f')} {cell('im2col_vs_gemm', 11, '10.2f')} "
+                         f"{cell('im2col_tf_vs_tf', 8, '7.2f')} {cell('im2col_tf_vs_tf_gemm', 12, '11.2f')} "
+                         f"{cell('gemm_vs_tf', 7, '6.2f')} {cell('tf_gemm_vs_tf', 9, '8.2f')} "
+                         f"{cell('im2col_vs_naive', 12, '11.0f')}")
+        if any(r.naive_shape for r in self.layers):
+            shape = next(r.naive_shape for r in self.layers if r.naive_shape)
+            lines.append(f"naive: on one {shape[1]}x{shape[2]} image with {shape[4]} filters (its GFLOP/s do not "
+                         f"depend on the size), compared per FLOP")
+        lines.append("")
+        for kind, ratios in self.summary().items():
+            lines.append(f"{kind} layers, geometric mean (worst layer): " + ", ".join(
+                f"{k.replace('_vs_', '/')} {v['geomean']:.2f}x ({v['worst']:.2f}x {v['worst_layer']})"
+                for k, v in ratios.items() if k != "im2col_vs_naive"))
+        return "\n".join(lines)
+
+    def plot(self, ax=None):
+        """Bar chart of GFLOP/s per layer and method, with the machine's GEMM rate as a line."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
+        methods = [m for m in ("naive", "im2col", "im2col_tf", "tf", "gemm", "tf_gemm")
+                   if any(r.gflops.get(m) for r in self.layers)]
+        width = 0.8 / len(methods)
+        xs = np.arange(len(self.layers))
+        for i, m in enumerate(methods):
+            ax.bar(xs + (i - (len(methods) - 1) / 2) * width, [r.gflops.get(m) or 0 for r in self.layers],
+                   width, label=LABELS[m])
+        ax.axhline(self.machine_gemm_gflops, color="k", ls="--", lw=1, label=f"numpy GEMM ({self.machine_gemm_size}^3)")
+        ax.set_xticks(xs, [r.layer for r in self.layers], fontsize=8, rotation=30, ha="right")
+        ax.set_yscale("log")  # the loops are thousands of times slower: a log scale shows every bar
+        ax.set_ylabel("GFLOP/s (log scale)")
+        ax.set_title(f"ResNet-50 conv layers, batch {self.batch_size}, float32 ({self.profile} profile)", pad=24)
+        ax.legend(fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.04), frameon=False)
+        return ax
+
+
+def default_settings(profile: str | None = None) -> dict:
+    """Batch size, repeats, naive input size and GEMM size for the active (or named) profile."""
+    return dict(
+        batch_size=config.by_profile(quick=2, workshop=8, full=32, smoke=1, name=profile),
+        repeats=config.by_profile(quick=5, workshop=9, full=15, smoke=2, name=profile),
+        naive_size=config.by_profile(quick=2, workshop=3, full=4, smoke=1, name=profile),
+        naive_c_out=config.by_profile(quick=4, workshop=8, full=16, smoke=2, name=profile),
+        gemm_size=config.by_profile(quick=1024, workshop=2048, full=4096, smoke=512, name=profile),
+    )
+
+
+def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size=None,
+               chunk_size="auto", naive=True, seed=0, progress=None, threads=None, cpu_time=False,
+               stat="best") -> BenchResult:
+    """Time conv2d_im2col (both engines), tf.nn.conv2d and bare GEMMs of the same M x K x N (numpy's and TensorFlow's)
+    side by side on each layer, and conv2d_naive on one naive_size x naive_size image with a few filters
+    (its speed per FLOP does not depend on the size); defaults come from the profile (02_im2col).
+
+    threads=N runs every method on N threads (BLAS, TensorFlow's intra-op and inter-op pools, conv2d_im2col's workers);
+    threads=1 compares single cores, which stays meaningful on a machine other programs keep busy.
+    TensorFlow's pool can only be sized before its first operation in the process. cpu_time=True times
+    by the process's CPU time (all threads) instead of wall-clock: GFLOP/s per busy core. stat="best"
+    (default) reports GFLOP/s and ratios at each method's fastest repeat, "median" at the median; "paired"
+    takes each ratio within every round-robin round (the two methods ran back to back, under the same load)
+    and reports the median of those, with GFLOP/s at the median.
+    """
+    if stat not in ("best", "median", "paired"):
+        raise ValueError(f"stat must be 'best', 'median' or 'paired'; got {stat!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None; got {threads!r}")
+    for name, value in (("batch_size", batch_size), ("repeats", repeats), ("naive_size", naive_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive int or None; got {value!r}")
+    import labkit
+
+    labkit.quiet()
+    import tensorflow as tf
+    from threadpoolctl import threadpool_limits
+
+    args = (layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time, stat)
+    if threads is not None:
+        if (tf.config.threading.get_intra_op_parallelism_threads() != threads
+                or tf.config.threading.get_inter_op_parallelism_threads() != threads):
+            try:  # inter-op too: the tf engine's chunks run side by side on it
+                tf.config.threading.set_intra_op_parallelism_threads(threads)
+                tf.config.threading.set_inter_op_parallelism_threads(threads)
+            except RuntimeError as err:
+                raise ValueError(f"threads={threads}: TensorFlow's thread pool is already running in this "
+                                 f"process; run `labkit conv-bench --threads {threads}` instead") from err
+        with threadpool_limits(limits=threads, user_api="blas"):
+            return _conv_bench(*args)
+    return _conv_bench(*args)
+
+
+def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time,
+                stat) -> BenchResult:
+    clock = time.process_time if cpu_time else time.perf_counter
+    settings = default_settings()
+    batch_size = batch_size or settings["batch_size"]
+    repeats = repeats or settings["repeats"]
+    naive_size = naive_size or settings["naive_size"]
+    rng = np.random.default_rng(seed)
+    result = BenchResult(profile=config.profile(), batch_size=batch_size, repeats=repeats, chunk_size=chunk_size,
+                         machine_gemm_gflops=gemm_rate(*(settings["gemm_size"],) * 3, repeats=repeats, clock=clock),
+                         machine=machine.describe(), openblas_env=machine.openblas_env(), blas=machine.blas_info(),
+                         load_average=[load_average()], machine_gemm_size=settings["gemm_size"],
+                         threads={"blas": conv.blas_threads(),
+                                  "tf_intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                                  "tf_inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
+                         clock="cpu" if cpu_time else "wall", stat=stat, onednn=machine.tf_onednn_enabled())
+    for layer in layers:
+        g = layer.geometry(batch_size)
+        m, k = g.cols_shape
+        n = layer.c_out
+        x = rng.standard_normal((batch_size, layer.size, layer.size, layer.c_in)).astype(np.float32)
+        w = (rng.standard_normal((layer.kernel, layer.kernel, layer.c_in, n)) / np.sqrt(k)).astype(np.float32)
+        xt, wt = tf.constant(x), tf.constant(w)
+        a = rng.standard_normal((m, k)).astype(np.float32)  # the bare GEMM: same shapes, no im2col
+        b = np.ascontiguousarray(w.reshape(k, n))
+        at, bt = tf.constant(a), tf.constant(b)
+        out = np.empty((m, n), np.float32)
+        fns = {  # every method hands back a numpy array, as conv2d_im2col's contract says
+            "im2col": lambda: conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=chunk_size),
+            "im2col_tf": lambda: conv.conv2d_im2col(xt, wt, 1, "SAME", chunk_size=chunk_size, engine="tf"),
+            "tf": lambda: tf.nn.conv2d(xt, wt, 1, "SAME").numpy(),
+            "gemm": lambda: np.matmul(a, b, out=out),
+            "tf_gemm": lambda: tf.linalg.matmul(at, bt).numpy(),
+        }
+        # the implementations agree before any of them is timed
+        expected = fns["tf"]()
+        for name in ("im2col", "im2col_tf"):
+            np.testing.assert_allclose(fns[name](), expected, rtol=1e-3, atol=1e-3)
+        timings = compare(fns, repeats=repeats, clock=clock)
+        flops = g.flops(n)
+        row = LayerResult(layer.name, layer.kernel, (batch_size, layer.size, layer.size, layer.c_in), (m, k, n),
+                          flops / 1e9, {name: t.gflops(flops, "best" if stat == "best" else "median")
+                                        for name, t in timings.items()},
+                          {name: t.median * 1e3 for name, t in timings.items()},
+                          {name: t.spread * 1e3 for name, t in timings.items()},
+                          best_ms={name: t.best * 1e3 for name, t in timings.items()},
+                          times_ms={name: [v * 1e3 for v in t.times] for name, t in timings.items()})
+        if stat == "paired":  # speed ratio top/bottom in round r = time of bottom / time of top in that round
+            row.paired = {name: float(np.median(np.divide(timings[bottom].times, timings[top].times)))
+                          for name, (top, bottom) in RATIOS.items() if top in timings and bottom in timings}
+        if naive:  # the loops run ~1e4 times slower: time them on one small image and a few filters
+            small = min(naive_size, layer.size)
+            xs, ws = x[:1, :small, :small], w[..., : settings["naive_c_out"]]
+            t = timeit(lambda: conv.conv2d_naive(xs, ws, 1, "SAME"), repeats=3, min_time=0.0, clock=clock)
+            row.gflops["naive"] = t.gflops(conv.geometry(xs.shape, layer.kernel, 1, "SAME").flops(ws.shape[3]),
+                                           "best" if stat == "best" else "median")
+            row.median_ms["naive"], row.spread_ms["naive"] = t.median * 1e3, t.spread * 1e3
+            row.best_ms["naive"] = t.best * 1e3
+            row.naive_shape = xs.shape + (ws.shape[3],)
+        result.layers.append(row)
+        if progress:
+            progress(row)
+    result.load_average.append(load_average())
+    return result
+
+
+def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 1024, "auto", 8192, 32768, None),
+                batch_size=None, repeats=None, threads=None):
+    """GFLOP/s and im2col buffer memory (MiB) of conv2d_im2col per chunk_size on one layer (02_im2col).
+
+    Returns a pandas DataFrame; chunk_size None is the whole matrix and one GEMM.
+    """
+    import pandas as pd
+
+    settings = default_settings()
+    batch_size = batch_size or settings["batch_size"]
+    repeats = repeats or settings["repeats"]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch_size, layer.size, layer.size, layer.c_in)).astype(np.float32)
+    w = rng.standard_normal((layer.kernel, layer.kernel, layer.c_in, layer.c_out)).astype(np.float32)
+    g = layer.geometry(batch_size)
+    fns = {cs: (lambda cs=cs: conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=cs, threads=threads))
+           for cs in chunk_sizes}
+    timings = compare(fns, repeats=repeats)
+    rows = []
+    for cs, t in timings.items():
+        rows_per_chunk = conv._check_chunk_size(cs, g, np.float32)
+        chunks, workers = conv.plan(g, rows_per_chunk, threads)
+        buffer_rows = max((n1 - n0) * (r1 - r0) * g.w_out for n0, n1, r0, r1 in chunks) * workers
+        label = "whole batch" if cs is None else (f"auto ({rows_per_chunk})" if cs == "auto" else cs)
+        rows.append({"chunk_size": label, "GEMMs": len(chunks), "threads": workers,
+                     "im2col buffer (MiB)": round(buffer_rows * g.cols_shape[1] * 4 / 2**20, 2),
+                     "GFLOP/s": round(t.gflops(g.flops(layer.c_out)), 1)})
+    return pd.DataFrame(rows).set_index("chunk_size")
+
+
+# ----------------------------------------------------------------------------------------------------
+# labkit conv-bench
+
+
+def _unwritable(path: str) -> str:
+    """Why `path` cannot be written as a file ('' when it can): checked before minutes of compute."""
+    target = Path(path)
+    if target.is_dir():
+        return "is a folder; give a file name"
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        return f"{folder} is not a folder" if folder.exists() else f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return "not writable"
+    return ""
+
+
+def cli_main(argv: list) -> int:
+    parser = argparse.ArgumentParser(
+        prog="labkit conv-bench",
+        description="Time naive loops, im2col + GEMM (numpy and TensorFlow engines), tf.nn.conv2d and bare GEMMs "
+                    "(numpy's, TensorFlow's) on "
+                    "ResNet-50's 3x3 and 1x1 conv layers (float32, one process, warm-up excluded, round-robin "
+                    "repeats). Batch size and repeats follow LABKIT_PROFILE.",
+        epilog="For a fair BLAS: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE labkit conv-bench",
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write the results (GFLOP/s, ratios, machine) as JSON")
+    parser.add_argument("--batch-size", type=int, help="images per batch (default: by profile, quick=2, workshop=8)")
+    parser.add_argument("--repeats", type=int, help="timed repeats per method (default: by profile)")
+    parser.add_argument("--chunk-size", default="auto",
+                        help="im2col rows per GEMM: 'auto' (default, about 2 MiB), a number, or 0 = whole batch, one GEMM")
+    parser.add_argument("--kernels", default="3,1", help="which layers: '3', '1' or '3,1' (default)")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive loops")
+    parser.add_argument("--threads", type=int,
+                        help="threads for every method (default: BLAS's and TensorFlow's own); 1 compares single "
+                             "cores")
+    parser.add_argument("--stat", choices=("best", "median", "paired"), default="best",
+                        help="GFLOP/s and ratios at each method's fastest repeat (default: other programs only "
+                             "ever slow a repeat down), at the median, or 'paired': each ratio taken within every "
+                             "round-robin round, median over the rounds")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by CPU time (all threads) instead of wall-clock: GFLOP/s per busy core, "
+                             "hardly moved by other programs; best with --threads 1")
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "repeats", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.chunk_size != "auto":
+        if not args.chunk_size.isdigit():
+            parser.error(f"--chunk-size must be 'auto' or a number >= 0; got {args.chunk_size!r}")
+        args.chunk_size = int(args.chunk_size) or None
+    try:
+        kernels = {int(k) for k in args.kernels.split(",")}
+    except ValueError:
+        parser.error(f"--kernels must be a comma-separated list of 3 and 1; got {args.kernels!r}")
+    if not kernels or not kernels <= {1, 3}:
+        parser.error(f"--kernels must be a comma-separated list of 3 and 1; got {args.kernels!r}")
+
+    try:
+        default_settings()  # an unknown LABKIT_PROFILE, before TensorFlow starts
+    except ValueError as err:
+        print(f"labkit conv-bench: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        problem = _unwritable(args.json)
+        if problem:
+            print(f"labkit conv-bench: --json {args.json}: {problem}", file=sys.stderr)
+            return 2
+    start = time.perf_counter()
+    result = conv_bench(layers=[layer for layer in RESNET50_LAYERS if layer.kernel in kernels],
+                        batch_size=args.batch_size, repeats=args.repeats, chunk_size=args.chunk_size,
+                        naive=not args.no_naive, threads=args.threads, cpu_time=args.cpu_time, stat=args.stat,
+                        progress=lambda row: print(f"  {row.layer}: done", file=sys.stderr, flush=True))
+    print()
+    print(result)
+    print(f"total wall time {time.perf_counter() - start:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result.to_dict(), f, indent=1, default=float)
+        print(f"wrote {args.json}")
+    return 0

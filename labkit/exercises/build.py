@@ -1,0 +1,187 @@
+"""The course's exercises, and the learner edition of the notebooks without their solutions.
+
+An exercise is a code cell tagged `exercise` whose solution sits between nbgrader's markers `### BEGIN SOLUTION`
+and `### END SOLUTION`; its first line (`# Exercise 2.1 · title`) names it, and the next cell calls a checker
+from labkit.exercises.check. The learner edition replaces each solution with `answer = None  # your answer here`, which
+the checker answers with "not answered yet", and clears the outputs of the exercise and check cells, so "Run
+All" goes through and the lesson carries on with the checker's reference value.
+
+A small module rather than nbgrader's ClearSolutions: nbgrader 0.9.6 resolves against our pins but brings
+SQLAlchemy, alembic, Mako, RapidFuzz and notebook 7 for a text replacement, and its stub
+(`raise NotImplementedError`) would stop Run All. (00_welcome)
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+TAG = "exercise"
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+PLACEHOLDER = "answer = None  # your answer here"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+_CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
+
+
+class ExerciseFormatError(ValueError):
+    """An exercise cell whose markers do not pair up, or with no checker call after it."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    notebook: str
+    cell: int  # index of the exercise cell
+    title: str
+    checker: str
+    checks: str  # the checker's one-line description
+
+    def __str__(self):
+        return f"{self.notebook}  {self.title}  [check.{self.checker}: {self.checks}]"
+
+
+def _read(path):
+    import nbformat
+    return nbformat.read(str(path), as_version=4)
+
+
+def is_exercise(cell) -> bool:
+    return cell.cell_type == "code" and TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def solution_lines(source: str) -> list[str]:
+    """The lines between the markers (the markers excluded)."""
+    out, inside = [], False
+    for line in source.splitlines():
+        if line.strip() == BEGIN:
+            inside = True
+        elif line.strip() == END:
+            inside = False
+        elif inside:
+            out.append(line)
+    return out
+
+
+def strip_solution(source: str, where: str = "cell") -> str:
+    """The source with each BEGIN..END block (markers included) replaced by the placeholder, same indentation."""
+    out, inside = [], False
+    for line in source.splitlines():
+        mark = line.strip()
+        if mark == BEGIN:
+            if inside:
+                raise ExerciseFormatError(f"{where}: {BEGIN!r} twice without {END!r} between")
+            inside = True
+            out.append(line[:len(line) - len(line.lstrip())] + PLACEHOLDER)
+        elif mark == END:
+            if not inside:
+                raise ExerciseFormatError(f"{where}: {END!r} without a {BEGIN!r} before it")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ExerciseFormatError(f"{where}: {BEGIN!r} is never closed by {END!r}")
+    return "\n".join(out)
+
+
+def exercises(nb, name: str = "notebook") -> list[Exercise]:
+    """The exercises of one notebook, in order; each must have markers and a checker call in the next cell."""
+    from labkit.exercises import check
+    found = []
+    for i, cell in enumerate(nb.cells):
+        if not is_exercise(cell):
+            continue
+        where = f"{name} cell {i}"
+        if BEGIN not in cell.source:
+            raise ExerciseFormatError(f"{where}: an exercise cell needs {BEGIN!r} ... {END!r} around its solution")
+        strip_solution(cell.source, where)
+        following = nb.cells[i + 1].source if i + 1 < len(nb.cells) else ""
+        call = _CHECK_CALL.search(following)
+        if call is None or call.group(1) not in check.CHECKERS:
+            raise ExerciseFormatError(f"{where}: the next cell must call a checker, check.NAME(answer, ...)")
+        title = cell.source.splitlines()[0].lstrip("# ").strip()
+        doc = (check.CHECKERS[call.group(1)].__doc__ or "").strip().splitlines()
+        checks = re.sub(r"\s*\(\d\d_\w+\)$", "", doc[0]) if doc else ""  # without the notebook's name
+        found.append(Exercise(name, i, title, call.group(1), checks))
+    return found
+
+
+def learner_edition(nb, name: str = "notebook"):
+    """A copy of the notebook with every solution replaced by the placeholder and the exercise outputs cleared."""
+    out = copy.deepcopy(nb)
+    for ex in exercises(nb, name):
+        for i in (ex.cell, ex.cell + 1):
+            out.cells[i].outputs = []
+            out.cells[i].execution_count = None
+        out.cells[ex.cell].source = strip_solution(nb.cells[ex.cell].source, f"{name} cell {ex.cell}")
+    out.metadata.setdefault("labkit", {})["edition"] = "learner"
+    return out
+
+
+def course_notebooks(source=None) -> list[Path]:
+    paths = sorted(Path(source or NOTEBOOKS).glob("[0-9][0-9]_*.ipynb"))
+    if not paths:
+        raise FileNotFoundError(f"no course notebooks (NN_name.ipynb) in {source or NOTEBOOKS}")
+    return paths
+
+
+def list_exercises(source=None) -> list[Exercise]:
+    """Every exercise of the course, notebook by notebook."""
+    return [ex for path in course_notebooks(source) for ex in exercises(_read(path), path.name)]
+
+
+def build(out_dir, source=None) -> list[Path]:
+    """Write the learner edition of every course notebook into out_dir; returns the paths written."""
+    import nbformat
+    paths = course_notebooks(source)
+    out_dir = Path(out_dir)
+    if out_dir.resolve() == paths[0].parent.resolve():
+        raise ValueError(f"out_dir must differ from the notebooks' own folder {paths[0].parent} (it would "
+                         "overwrite the instructor edition)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in paths:
+        target = out_dir / path.name
+        nbformat.write(learner_edition(_read(path), path.name), str(target))
+        written.append(target)
+    return written
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line on stderr and exit 2, no usage block
+        print(f"labkit exercises: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="labkit exercises", description="List the course's exercises or build the learner edition.")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    b = sub.add_parser("build", help="write the notebooks with the solutions removed into DIR")
+    b.add_argument("dir", metavar="DIR", help="output folder, e.g. learner/")
+    b.add_argument("--from", dest="source", metavar="NOTEBOOKS", help="source folder (default: the course's)")
+    ls = sub.add_parser("list", help="print every exercise: notebook, title, what its checker checks")
+    ls.add_argument("--from", dest="source", metavar="NOTEBOOKS", help="source folder (default: the course's)")
+    return parser
+
+
+def cli_main(argv: list[str]) -> int:
+    """`labkit exercises list` | `labkit exercises build DIR [--from NOTEBOOKS]`."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.action is None:
+        print("labkit exercises: choose an action: list, or build DIR (see --help)", file=sys.stderr)
+        return 2
+    try:
+        found = list_exercises(args.source)
+        if args.action == "list":
+            for ex in found:
+                print(ex)
+            print(f"{len(found)} exercises")
+        else:
+            written = build(args.dir, args.source)
+            print(f"learner edition: {len(written)} notebooks, {len(found)} exercises, in {Path(args.dir)}")
+    except (OSError, ValueError) as err:
+        print(f"labkit exercises: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,344 @@
+"""The one script horovodrun runs: data-parallel training for 1..N ranks, nanoGPT's train.py pattern.
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m labkit.scale.hvd_train --batch-size 64 --steps 20 --out runs/x
+
+Every rank runs this same file. Each rank: `hvd.init()`; limits its own threads (default: cores / local
+ranks, so N ranks never oversubscribe the machine); pins one GPU by local rank where GPUs exist; reads
+only its 1/N shard of the data (an epoch is split, never repeated N times); starts from rank 0's weights
+(broadcast); averages gradients with `hvd.DistributedOptimizer` (ring allreduce); and writes its own
+JSON result (`rank{R}.json`): images/s per timed repeat, step times, final loss (averaged over ranks),
+and a checksum of its final weights. Equal checksums on all ranks are the proof that they stayed in sync.
+Rank 0 alone prints progress, writes the log and the checkpoint. Warm-up steps (graph tracing, first
+allocations) are run but never timed.
+
+A leaf script: no labkit module imports it. The model comes from labkit.models (default small_cnn), the
+data from labkit.data (its synthetic set, sharded by make_dataset; or, with `--data random`, one fixed
+random batch at any size, as Horovod's own synthetic benchmark feeds ResNet-50), the LR schedule
+(training.warmup_lr) and the step (training.make_train_step, wrapped in hvd.DistributedGradientTape) from
+labkit.base.training, the thread limits from labkit.base.machine.
+
+`--bench-allreduce` instead times `hvd.allreduce` over message sizes, to calibrate the ring-allreduce
+cost model in labkit.scale.allreduce. (04_horovod_scaling)
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported)
+
+PROGRESS_TAG = "LABKIT_PROGRESS"  # rank 0's progress lines, parsed by labkit.scale.scaling.run
+DEFAULT_MODEL = "small_cnn"
+
+
+# ----------------------------------------------------------------------------------------------
+# the script
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m labkit.scale.hvd_train",
+                                description="Data-parallel training for 1..N Horovod ranks (run under horovodrun).")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"'{DEFAULT_MODEL}' or a labkit.models.get name")
+    p.add_argument("--batch-size", type=int, default=64, help="images per rank per step")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats (images/s mean and spread)")
+    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first (tracing, allocation)")
+    p.add_argument("--data", default="synthetic", choices=["synthetic", "random", "auto", "cifar10"],
+                   help="labkit.data's synthetic set (32 px, 10 classes), one fixed random batch at --image-size "
+                        "(throughput only, as Horovod's synthetic benchmark), or labkit.data.load_dataset")
+    p.add_argument("--num-examples", type=int, default=4096, help="size of the synthetic training set")
+    p.add_argument("--image-size", type=int, default=32, help="--data random: image side in px")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.01, help="base learning rate (one worker)")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: LR = lr x number of ranks")
+    p.add_argument("--lr-warmup-steps", type=int, default=0, help="ramp the scaled LR up over this many steps")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / local ranks)")
+    p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads per rank (0: as --threads)")
+    p.add_argument("--no-sync", action="store_true",
+                   help="control experiment: plain optimizer, no gradient allreduce (ranks drift apart)")
+    p.add_argument("--barrier", action="store_true",
+                   help="with --no-sync: allreduce only the 4-byte loss after each step, a per-step barrier "
+                        "without the gradients (tells the wait for the slower rank from the bytes)")
+    p.add_argument("--num-groups", type=int, default=0,
+                   help="hvd.DistributedGradientTape(num_groups=N): allreduce the gradients as N groups, each "
+                        "sent once all its tensors are ready (0: Horovod's default, one allreduce per tensor, "
+                        "fused by the background thread as they arrive)")
+    p.add_argument("--no-function", action="store_true", help="run the step eagerly (no tf.function)")
+    p.add_argument("--jit", action="store_true", help="compile the step with XLA (tf.function jit_compile)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="directory for rank{R}.json (default: no files)")
+    p.add_argument("--checkpoint-dir", default=None, help="rank 0 writes weights.h5 and log.jsonl here")
+    p.add_argument("--progress-every", type=int, default=0, help="rank 0 reports every N steps (0: per repeat)")
+    p.add_argument("--bench-allreduce", action="store_true", help="time hvd.allreduce instead of training")
+    p.add_argument("--sizes", default="4,1024,16384,262144,1048576,4194304",
+                   help="--bench-allreduce: message sizes in bytes (float32)")
+    p.add_argument("--chain", type=int, default=20, help="--bench-allreduce: allreduces per timed call")
+    # fault injection, for the tests of labkit.scale.scaling's crash and timeout handling
+    p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--hang-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--fault-at-step", type=int, default=2, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name in ("batch_size", "steps", "repeats", "num_examples", "image_size", "classes", "chain"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    for name in ("warmup_steps", "lr_warmup_steps", "threads", "inter_threads", "num_groups"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0; got {getattr(args, name)}")
+    if args.barrier and not args.no_sync:
+        p.error("--barrier needs --no-sync (it replaces the gradient allreduce by a 4-byte one)")
+    if args.data == "synthetic" and (args.image_size, args.classes) != (32, 10):
+        p.error(f"--data synthetic is 32 px with 10 classes; got --image-size {args.image_size} --classes "
+                f"{args.classes} (use --data random for other sizes)")
+    if not args.bench_allreduce:
+        from labkit import models  # imports TensorFlow, builds nothing
+        if args.model not in models.names():
+            p.error(f"--model must be one of {', '.join(models.names())}; got {args.model!r}")
+    return args
+
+
+def _setup(args):
+    """hvd.init, thread limits and GPU pinning; must run before TensorFlow executes any op. Also returns the
+    ids of the threads hvd.init started (Horovod's background thread and Gloo's network threads)."""
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    labkit.quiet()
+    from labkit.scale import gpu
+    from labkit.base import machine
+    before = set(machine.thread_cpu_seconds())
+    hvd.init()
+    comm_tids = set(machine.thread_cpu_seconds()) - before
+    threads = args.threads or machine.default_threads(local_size=hvd.local_size())
+    machine.limit_threads(threads)
+    if args.inter_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
+
+    gpus = tf.config.list_physical_devices("GPU")
+    gpu.pin_to_local_rank(hvd.local_rank(), gpus)  # one GPU per rank, chosen by local rank (Horovod's recipe)
+    return tf, hvd, threads, len(gpus), comm_tids
+
+
+def _load_data(tf, args, rank, size):
+    """This rank's batches (an endless iterator) over its 1/size shard, the data set's name and sizes.
+
+    --data random: one fixed random batch, fed every step (Horovod's synthetic benchmark; nothing to shard).
+    Otherwise labkit.data's synthetic set or load_dataset, through make_dataset(shard=(rank, size)).
+    """
+    import itertools
+
+    from labkit import data
+    if args.data == "random":
+        x, y = data.random_batch(args.batch_size, args.image_size, args.classes, seed=args.seed + rank)
+        batch = (tf.constant(x), tf.constant(y))
+        return itertools.repeat(batch), "random", args.batch_size, args.batch_size, x.shape[1:]
+    if args.data == "synthetic":
+        (x, y), _ = data.synthetic(args.num_examples, 0, seed=args.seed)
+        name = "synthetic"
+    else:
+        (x, y), _, info = data.load_dataset(None if args.data == "auto" else args.data)
+        name = str(getattr(info, "name", info))
+    mine = len(range(rank, len(x), size))  # make_dataset's shard: every size-th example from rank
+    if mine < args.batch_size:
+        raise ValueError(f"this rank's shard has {mine} examples, fewer than batch_size={args.batch_size}; "
+                         f"raise --num-examples or lower --batch-size")
+    ds = data.make_dataset(x, y, args.batch_size, shuffle=True, seed=args.seed, shard=(rank, size),
+                           drop_remainder=True).repeat()
+    return iter(ds), name, len(x), mine, x.shape[1:]
+
+
+THREAD_ROLES = ("training", "horovod_background", "gloo_network")
+# the settings of the exchange a rank reports back when they are set (rank JSON "tuning")
+TUNING_ENV = ("HOROVOD_CYCLE_TIME", "HOROVOD_FUSION_THRESHOLD", "OMPI_MCA_mpi_yield_when_idle")
+
+
+def _thread_snapshot() -> dict:
+    """{thread id: (CPU seconds so far, the kernel function it sleeps in)} for this process; {} without /proc."""
+    from labkit.base import machine
+    return {tid: (sec, machine.thread_wait_channel(tid)) for tid, sec in machine.thread_cpu_seconds().items()}
+
+
+def _in_epoll(wchan: str) -> bool:
+    return "epoll" in wchan or "ep_poll" in wchan  # do_epoll_wait on Linux 6, ep_poll on older kernels
+
+
+def thread_cpu_by_role(start: dict, end: dict, comm_tids, steps: int, *, network_role="gloo_network") -> dict:
+    """CPU milliseconds per step of this process's threads between two _thread_snapshot()s, summed by role:
+    the threads hvd.init started that were seen sleeping in epoll (Gloo's network event loops) are
+    network_role ('gloo_network'; under the MPI controller they are Open MPI's event threads: 'mpi_events'),
+    the other ones it started (Horovod's background thread) 'horovod_background', every other thread
+    (Python's, TensorFlow's pools) 'training'. Where no thread was seen in epoll (a kernel that hides wait
+    channels, or another transport) the two communication roles cannot be told apart: they are summed as
+    'communication'. {} without snapshots."""
+    if not start or not end:
+        return {}
+    network = {tid for tid in comm_tids
+               if _in_epoll(end.get(tid, (0, ""))[1]) or _in_epoll(start.get(tid, (0, ""))[1])}
+    roles = ("training", "horovod_background", network_role) if network else ("training", "communication")
+    out = dict.fromkeys(roles, 0.0)
+    for tid, (sec, _) in end.items():
+        sec0 = start.get(tid, (0.0, ""))[0]  # a thread started in between counts from zero
+        if tid not in comm_tids:
+            role = "training"
+        elif not network:
+            role = "communication"
+        else:
+            role = network_role if tid in network else "horovod_background"
+        out[role] += sec - sec0
+    return {role: round(1e3 * sec / max(1, steps), 4) for role, sec in out.items()}
+
+
+def train(args) -> dict:
+    tf, hvd, threads, n_gpus, comm_tids = _setup(args)
+    rank, size = hvd.rank(), hvd.size()
+    ds, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
+    from labkit.base import config, training
+    from labkit import models
+    config.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
+    model = models.get(args.model, input_shape=tuple(shape), classes=args.classes)
+    scale = float(size) if args.scale_lr else 1.0
+    lr_fn = lambda step: training.warmup_lr(step, args.lr, scale, args.lr_warmup_steps)  # noqa: E731
+    opt = tf.keras.optimizers.legacy.SGD(learning_rate=training.WarmupLR(args.lr, scale, args.lr_warmup_steps),
+                                         momentum=args.momentum)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)  # every labkit model: softmax
+    # DistributedGradientTape averages the gradients over all ranks (fused ring allreduce); --no-sync skips it
+    tape_wrapper = None if args.no_sync else functools.partial(hvd.DistributedGradientTape,
+                                                               num_groups=args.num_groups)
+    step = training.make_train_step(model, opt, loss_fn, tape_wrapper, jit_compile=True if args.jit else None)
+    if args.barrier:  # every step ends when the slower rank's does, but only 4 bytes cross
+        local_step = step.python_function
+
+        def barrier_step(x, y):
+            loss = local_step(x, y)
+            # the step counter read after the update: this allreduce cannot start before the update is done
+            # (the loss alone would let it run beside backprop and hide its latency)
+            done = tf.cast(tf.reshape(opt.iterations.read_value(), [1]), tf.float32)
+            with tf.control_dependencies([hvd.allreduce(done, op=hvd.Average, name="barrier")]):
+                return tf.identity(loss)
+
+        step = tf.function(barrier_step, jit_compile=True if args.jit else None)
+    if args.no_function:
+        step = step.python_function  # the same step, run eagerly op by op
+
+    # Everyone starts from rank 0's weights and optimizer state (slots created first, then broadcast).
+    opt._create_all_weights(model.trainable_variables)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    hvd.broadcast_variables(opt.variables(), root_rank=0)
+
+    it = ds
+    total_steps = args.warmup_steps + args.steps * args.repeats
+    report_every = args.progress_every or args.steps
+    log_f = None
+    if rank == 0 and args.checkpoint_dir:
+        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        log_f = open(Path(args.checkpoint_dir) / "log.jsonl", "w")
+
+    step_times, cpu_times, losses = [], [], []
+    t_start = time.perf_counter()
+    for i in range(total_steps):
+        if i == args.fault_at_step and rank == args.fail_rank:
+            raise RuntimeError(f"injected failure on rank {rank} at step {i} (--fail-rank)")
+        if i == args.fault_at_step and rank == args.hang_rank:
+            print(f"rank {rank}: hanging on purpose at step {i} (--hang-rank)", file=sys.stderr, flush=True)
+            time.sleep(10**6)
+        if i == args.warmup_steps:
+            threads_at_start = _thread_snapshot()
+        xb, yb = next(it)
+        c0, t0 = time.process_time(), time.perf_counter()
+        loss = float(step(xb, yb))  # float() waits for the step to finish: honest per-step time
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        losses.append(loss)
+        if i >= args.warmup_steps:
+            step_times.append(dt)
+            cpu_times.append(dc)  # CPU seconds of all this rank's threads: work, not waiting for a core
+        done = i + 1 - args.warmup_steps
+        if rank == 0 and done > 0 and (done % report_every == 0 or i + 1 == total_steps):
+            msg = {"step": done, "steps": args.steps * args.repeats, "loss": round(loss, 4),
+                   "lr": float(lr_fn(i)), "elapsed_s": round(time.perf_counter() - t_start, 2)}
+            print(f"{PROGRESS_TAG} {json.dumps(msg)}", flush=True)
+            if log_f:
+                log_f.write(json.dumps(msg) + "\n")
+                log_f.flush()
+
+    controller = "mpi" if hvd.mpi_enabled() else "gloo"  # which one hvd.init chose (the launcher's)
+    thread_cpu_ms = thread_cpu_by_role(threads_at_start, _thread_snapshot(), comm_tids, args.steps * args.repeats,
+                                       network_role="mpi_events" if controller == "mpi" else "gloo_network")
+
+    import numpy as np
+    # metric averaging: one allreduce of the whole loss history at the end, not one per step
+    loss_avg = hvd.allreduce(tf.constant(losses, tf.float32), op=hvd.Average).numpy()
+    # what the optimizer trains: BatchNorm's moving mean/variance follow each rank's own shard (Horovod does
+    # not average them), so they differ across ranks even when every trained weight agrees
+    weights = [v.numpy() for v in model.trainable_weights]
+    result = {
+        "rank": rank, "size": size, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+        "host": os.uname().nodename, "pid": os.getpid(), "threads": threads, "gpus_visible": n_gpus,
+        "controller": controller, "tuning": {k: os.environ[k] for k in TUNING_ENV if k in os.environ},
+        "model": args.model, "params": int(model.count_params()), "data": data_name,
+        "examples_total": int(n_total), "examples_this_rank": int(n_mine),
+        "batch_size": args.batch_size, "global_batch_size": args.batch_size * size,
+        "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
+        "lr": args.lr, "lr_final": float(lr_fn(total_steps)), "scale_lr": args.scale_lr,
+        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "barrier": args.barrier, "num_groups": args.num_groups,
+        "jit": args.jit,
+        "step_times_s": [round(t, 6) for t in step_times],
+        "cpu_step_time_s": float(np.median(cpu_times)), "cpu_step_times_s": [round(t, 6) for t in cpu_times],
+        "thread_cpu_ms_per_step": thread_cpu_ms,
+        "loss_local": [round(v, 5) for v in losses],
+        "loss_avg": [round(float(v), 5) for v in loss_avg],
+        "final_loss": float(loss_avg[-1]), "final_loss_local": float(losses[-1]),
+        "checksum": training.weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
+        "grad_bytes": int(sum(4 * int(v.shape.num_elements()) for v in model.trainable_variables)),
+        "grad_tensors": [4 * int(v.shape.num_elements()) for v in model.trainable_variables],
+    }
+    result.update(training.summarize_times(step_times, args.batch_size, args.steps))
+    if rank == 0 and args.checkpoint_dir:
+        model.save_weights(str(Path(args.checkpoint_dir) / "weights.h5"))
+        log_f.close()
+    return result
+
+
+def bench_allreduce(args) -> dict:
+    """Median time of one hvd.allreduce per message size (a chain of dependent allreduces per call)."""
+    import numpy as np
+    tf, hvd, threads, _, _ = _setup(args)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = []
+    for nbytes in sizes:
+        n = max(1, nbytes // 4)
+        t = tf.ones([n], tf.float32)
+
+        @tf.function
+        def chain(t):
+            # each allreduce depends on the previous one, so Horovod cannot fuse them: k separate rounds
+            for _ in range(args.chain):
+                t = hvd.allreduce(t, op=hvd.Average)
+            return t
+
+        chain(t).numpy()  # trace + warm up
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            chain(t).numpy()
+            times.append((time.perf_counter() - t0) / args.chain)
+        rows.append({"bytes": 4 * n, "time_s": float(np.median(times)), "times_s": times})
+    return {"rank": hvd.rank(), "size": hvd.size(), "threads": threads, "chain": args.chain, "allreduce": rows}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = bench_allreduce(args) if args.bench_allreduce else train(args)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".rank{result['rank']}.json.tmp"
+        tmp.write_text(json.dumps(result))
+        tmp.replace(out / f"rank{result['rank']}.json")  # atomic: a reader never sees half a file
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""Start Horovod ranks and bring their results back: command lines, hosts, streaming, kill-tree (04_horovod_scaling).
+
+`launch(np_, script_args)` starts `horovodrun -np N -H localhost:N --gloo python -m labkit.scale.hvd_train ...`
+(`--mpi`, or `srun` / horovodrun over the nodes of a Slurm allocation when SLURM_JOB_ID is set), streams
+rank 0's progress while it runs, and returns each rank's result dict. A timeout, an interrupt or a
+crashed rank kills every process the launch started (found by process tree and by an environment
+marker, so nothing is orphaned) and raises HorovodRunError with the failing rank's last stderr lines.
+labkit.scale.scaling turns the results into throughput and efficiency tables.
+
+Shared-machine hygiene: the ranks get an allow-listed environment (child_env), never the caller's whole
+one (Horovod's Gloo launcher writes every variable into each rank's command line, visible in `ps`); and a
+watchdog process outlives the launcher to kill the launch's processes and remove its temporary folder if
+the launcher dies without cleaning up (SIGKILL, a Jupyter kernel restart).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+MARKER_ENV = "LABKIT_RUN_ID"  # every process of one launch carries this, so none can escape the cleanup
+PROGRESS_TAG = "LABKIT_PROGRESS"
+_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+# The environment a launch hands on: these names and prefixes, minus anything that looks like a credential.
+ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "HOSTNAME",
+             "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "KERAS_HOME",
+             "XDG_CACHE_HOME", "MPLBACKEND", "MPLCONFIGDIR", "SSH_AUTH_SOCK")  # ssh to other hosts: a path
+ENV_ALLOW_PREFIXES = ("LC_", "PYTHON", "CUDA_", "NVIDIA_", "NCCL_", "HOROVOD_", "GLOO_", "OMP_", "MKL_",
+                      "KMP_", "OPENBLAS_", "BLIS_", "TF_", "XLA_", "SLURM_", "OMPI_", "PMIX_", "PMI_", "LABKIT_")
+_ENV_DENY = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|COOKIE|(^|_)(API_?)?KEY($|_)", re.IGNORECASE)
+
+
+class HorovodRunError(RuntimeError):
+    """A launch failed, crashed or timed out; .rank, .returncode and .stderr_tail say where and why."""
+
+    def __init__(self, message, *, rank=None, returncode=None, stderr_tail=(), timed_out=False):
+        super().__init__(message)
+        self.rank, self.returncode, self.timed_out = rank, returncode, timed_out
+        self.stderr_tail = list(stderr_tail)
+
+
+def horovodrun_path() -> str | None:
+    """$LABKIT_HOROVODRUN (a site's module-loaded Horovod), else the horovodrun of this Python environment
+    (next to sys.executable), else the one on PATH; None when there is none."""
+    override = os.environ.get("LABKIT_HOROVODRUN", "").strip()
+    if override:
+        return override if Path(override).exists() else None
+    local = Path(sys.executable).with_name("horovodrun")
+    return str(local) if local.exists() else shutil.which("horovodrun")
+
+
+def slurm_hosts(env=None) -> list[str]:
+    """'host:slots' for each node of the current Slurm allocation (empty outside Slurm)."""
+    env = os.environ if env is None else env
+    if not env.get("SLURM_JOB_ID"):
+        return []
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+    try:
+        names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                               text=True, timeout=30, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        names = [n for n in nodelist.split(",") if n and "[" not in n]
+    # SLURM_TASKS_PER_NODE looks like "2(x3),1": take the first node's count
+    per_node = (env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
+                or env.get("SLURM_CPUS_ON_NODE", "1"))
+    slots = int(per_node) if per_node.isdigit() else 1
+    return [f"{n}:{slots}" for n in names]
+
+
+def parse_hosts(hosts) -> list[str]:
+    """'name:slots' entries from horovodrun's -H syntax ("node1:2,node2:2") or a list; a bare name is 1 slot.
+    Bad entries raise ValueError naming `hosts` and what was expected."""
+    entries = hosts.split(",") if isinstance(hosts, str) else list(hosts)
+    parsed = []
+    for entry in entries:
+        name, sep, slots = str(entry).strip().rpartition(":")
+        if not sep:
+            name, slots = slots, "1"
+        if not name or not slots.isdigit() or int(slots) < 1 or any(c.isspace() for c in name):
+            raise ValueError(f"hosts must be name:slots entries with slots >= 1 (e.g. node1:2,node2:2); "
+                             f"got {entry!r}")
+        parsed.append(f"{name}:{int(slots)}")
+    if not parsed:
+        raise ValueError("hosts must name at least one host, e.g. localhost:2")
+    return parsed
+
+
+def take_slots(hosts, np_: int) -> list[str]:
+    """The first np_ slots of 'host:slots' entries.
+
+    horovodrun's Gloo launcher starts a rank in EVERY slot it is given, whatever -np says, so np=1 inside
+    a 2-task allocation must be handed 'node:1', not 'node:2'.
+    """
+    taken, left = [], np_
+    for entry in parse_hosts(hosts):
+        name, _, slots = entry.rpartition(":")
+        n = min(int(slots), left)
+        if n > 0:
+            taken.append(f"{name}:{n}")
+            left -= n
+    if left > 0:
+        raise ValueError(f"np={np_} needs more slots than the hosts offer ({','.join(parse_hosts(hosts))})")
+    return taken
+
+
+def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=None, python=None,
+                  env=None) -> list[str]:
+    """The command line that starts np_ ranks of labkit.scale.hvd_train.
+
+    launcher: "gloo" | "mpi" (horovodrun with that controller), "srun" (Slurm starts the ranks; needs a
+    Horovod built with MPI), or "auto": gloo, over the allocation's nodes when SLURM_JOB_ID is set.
+    """
+    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 1:
+        raise ValueError(f"np must be a positive int; got {np_!r}")
+    if launcher not in ("auto", "gloo", "mpi", "srun"):
+        raise ValueError(f"launcher must be 'auto', 'gloo', 'mpi' or 'srun'; got {launcher!r}")
+    python = python or sys.executable
+    worker = [python, "-m", "labkit.scale.hvd_train", *map(str, script_args)]
+    if launcher == "srun":
+        if hosts is not None:
+            raise ValueError("hosts cannot be given with launcher='srun': srun starts the ranks on its allocation")
+        return ["srun", "--ntasks", str(np_), "--kill-on-bad-exit=1", *worker]
+    exe = horovodrun_path()
+    if exe is None:
+        raise FileNotFoundError("horovodrun not found next to this Python or on PATH; "
+                                "build Horovod with `make setup` (see `labkit doctor`)")
+    if hosts is None:
+        hosts = slurm_hosts(env) or [f"localhost:{np_}"]
+    hosts = take_slots(hosts, np_)
+    return [exe, "-np", str(np_), "-H", ",".join(hosts), "--mpi" if launcher == "mpi" else "--gloo", *worker]
+
+
+def child_env(env_extra=None, marker: str | None = None, base=None) -> dict:
+    """The environment a launch hands to horovodrun and the ranks: the ENV_ALLOW names and prefixes of
+    base (default os.environ) minus credential-like names (_ENV_DENY), then env_extra, then the marker.
+    JUPYTER_TOKEN and other secrets never reach a rank, its command line or `ps`."""
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items()
+           if (k in ENV_ALLOW or k.startswith(ENV_ALLOW_PREFIXES)) and not _ENV_DENY.search(k)}
+    env.update({"TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"), "PYTHONUNBUFFERED": "1"})
+    env.update({k: str(v) for k, v in (env_extra or {}).items()})
+    if marker:
+        env[MARKER_ENV] = marker
+    return env
+
+
+# Run by the launcher's child before it execs horovodrun: die with the launcher (Linux PR_SET_PDEATHSIG).
+_PDEATHSIG = ("import ctypes, os, signal, sys\n"
+              "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+              "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+              "os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def _die_with_parent(cmd: list[str]) -> list[str]:
+    return [sys.executable, "-c", _PDEATHSIG, str(os.getpid()), *cmd] if sys.platform == "linux" else cmd
+
+
+def _start_watchdog(marker: str, pgid: int, cleanup_dir: Path | None):
+    """A process in its own session that waits on a pipe from the launcher. The launcher writes 'done'
+    when it has cleaned up; end-of-file without it (the launcher died) makes the watchdog kill the
+    launch's process group and marked processes and remove cleanup_dir. Returns the pipe's write end."""
+    read_fd, write_fd = os.pipe()
+    args = [sys.executable, "-m", "labkit.scale.launch", "--watchdog", marker, str(pgid), str(cleanup_dir or "")]
+    try:
+        subprocess.Popen(args, stdin=read_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=child_env(), start_new_session=True, close_fds=True)
+    finally:
+        os.close(read_fd)
+    return os.fdopen(write_fd, "w")
+
+
+def _watchdog_main(marker: str, pgid: int, cleanup_dir: str) -> None:
+    if sys.stdin.read() == "done":  # blocks until the launcher closes its end, however it ends
+        return
+    for _ in range(3):  # a middleman may start a late child while we kill: sweep again
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+        _kill_and_wait(marked_processes(marker), 1.0)
+        time.sleep(0.2)
+    if cleanup_dir:
+        shutil.rmtree(cleanup_dir, ignore_errors=True)
+
+
+def _reader(stream, name, q):
+    for line in iter(stream.readline, ""):
+        q.put((name, line.rstrip("\n")))
+    q.put((name, None))
+
+
+def marked_processes(marker: str) -> list:
+    """Live processes whose environment carries MARKER_ENV=marker (what one launch started)."""
+    import psutil
+    found = []
+    for p in psutil.process_iter(["pid", "status"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if p.environ().get(MARKER_ENV) == marker:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _kill_and_wait(procs, grace: float, how: str = "kill") -> list:
+    """Signal each of procs (how: "kill" or "terminate"; already gone is fine), wait up to grace seconds
+    for them, return the ones still alive."""
+    import psutil
+    for p in procs:
+        try:
+            getattr(p, how)()
+        except psutil.Error:
+            pass
+    return psutil.wait_procs(procs, timeout=grace)[1]
+
+
+def kill_tree(proc, marker: str | None = None, grace: float = 3.0) -> int:
+    """Terminate proc, its process group, all its descendants and every marked process; returns how many."""
+    import psutil
+    procs = {}
+    try:
+        root = psutil.Process(proc.pid)
+        procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+    except psutil.Error:
+        pass
+    procs.update({p.pid: p for p in (marked_processes(marker) if marker else [])})
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # the launcher's own session (start_new_session=True)
+    except OSError:
+        pass
+    _kill_and_wait(_kill_and_wait(list(procs.values()), grace, "terminate"), grace)
+    if marker:  # anything started while we were killing (a middleman's late child)
+        _kill_and_wait(marked_processes(marker), grace)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        proc.kill()
+    return len(procs)
+
+
+# Lines that mark a rank as a victim of another rank's failure rather than its cause.
+_SECONDARY = ("Horovod has been shut down", "HorovodAllreduce", "HorovodBroadcast", "Connection closed",
+              "Connection reset", "gloo", "Gloo", "peer")
+
+
+def _failing_rank(lines, tails) -> int | None:
+    """Which rank failed first: a rank whose traceback is its own (not a collective torn down under it),
+    else the rank Horovod names, else the first rank with a traceback."""
+    with_tb = [r for r in sorted(tails) if any("Traceback" in t or "Error" in t for t in tails[r])]
+    own = [r for r in with_tb if not any(m in t for t in tails[r] for m in _SECONDARY)]
+    if own:
+        return own[0]
+    for line in lines:
+        m = re.search(r"Process (?:name: )?(\d+)(?: exit with status code| *$)", line)
+        if m:
+            return int(m.group(1))
+    return with_tb[0] if with_tb else None
+
+
+def _stream(proc, timeout, start, progress, label, tail_lines):
+    """Read horovodrun's prefixed output until it exits or timeout: (timed_out, rank stderr tails, other lines)."""
+    tails = collections.defaultdict(lambda: collections.deque(maxlen=tail_lines))
+    launcher_lines = collections.deque(maxlen=tail_lines)
+    q = queue.Queue()
+    for stream, name in ((proc.stdout, "out"), (proc.stderr, "err")):
+        threading.Thread(target=_reader, args=(stream, name, q), daemon=True).start()
+    open_streams = 2
+    while open_streams:
+        remaining = timeout - (time.perf_counter() - start)
+        if remaining <= 0:
+            return True, tails, launcher_lines
+        try:
+            name, line = q.get(timeout=min(0.5, remaining))
+        except queue.Empty:
+            continue
+        if line is None:
+            open_streams -= 1
+            continue
+        m = _LINE.match(line)
+        if not m:
+            launcher_lines.append(line)
+            continue
+        rank, stream, text = int(m.group(1)), m.group(2), m.group(3)
+        if stream == "stderr":
+            tails[rank].append(text)
+        elif text.startswith(PROGRESS_TAG):
+            try:
+                info = json.loads(text[len(PROGRESS_TAG):])
+            except ValueError:
+                continue
+            if callable(progress):
+                progress(info)
+            elif progress:
+                print(f"{label}: step {info['step']}/{info['steps']}  loss {info['loss']:.3f}  "
+                      f"({info['elapsed_s']:.1f} s)", flush=True)
+    try:
+        proc.wait(timeout=max(0.1, timeout - (time.perf_counter() - start)))
+    except subprocess.TimeoutExpired:
+        return True, tails, launcher_lines
+    return False, tails, launcher_lines
+
+
+def _failure(label, timeout, wall, proc, timed_out, tails, launcher_lines) -> HorovodRunError:
+    if timed_out:
+        rank = next((r for r in sorted(tails) if tails[r]), None)
+        detail = "\n".join(f"  [rank {r}] {t}" for r in sorted(tails) for t in tails[r]) or "  (no stderr)"
+        return HorovodRunError(f"{label}: no result within timeout={timeout:g} s; every process was killed. "
+                               f"Last stderr lines:\n{detail}", rank=rank, returncode=proc.returncode,
+                               stderr_tail=[t for r in sorted(tails) for t in tails[r]], timed_out=True)
+    rank = _failing_rank(launcher_lines, tails)
+    tail = list(tails.get(rank, [])) if rank is not None else list(launcher_lines)
+    where = f"rank {rank}" if rank is not None else "the launcher"
+    body = "\n".join(f"  {t}" for t in tail) or "  (no stderr)"
+    return HorovodRunError(f"{label}: {where} failed (exit code {proc.returncode}) after {wall:.1f} s; "
+                           f"all processes were stopped. Last stderr lines of {where}:\n{body}",
+                           rank=rank, returncode=proc.returncode, stderr_tail=tail)
+
+
+def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: float = 300, progress=True,
+           env_extra=None, out_dir=None, tail_lines: int = 15, label: str | None = None,
+           marker: str | None = None) -> list[dict]:
+    """Run labkit.scale.hvd_train on np_ ranks and return the ranks' result dicts (sorted by rank).
+
+    hosts: horovodrun -H entries ("node1:1,node2:1" or a list); default localhost, or the Slurm allocation.
+    Streams rank 0's progress lines (progress=True prints them; a callable receives each parsed dict).
+    On timeout, KeyboardInterrupt or a non-zero exit every process of the launch is killed and
+    HorovodRunError is raised with the failing rank's last `tail_lines` stderr lines. Every process
+    carries MARKER_ENV=marker (a fresh id unless given), which is how stragglers are found and killed,
+    by this function or, if the launcher itself dies, by its watchdog. A temporary out_dir is removed on
+    every path.
+    """
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a finite number of seconds > 0; got {timeout!r}")
+    own_dir = out_dir is None
+    out = Path(tempfile.mkdtemp(prefix="labkit-scale-")) if own_dir else Path(out_dir)
+    watchdog, cleaned = None, False
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("rank*.json"):
+            old.unlink()
+        cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=launcher, hosts=hosts)
+        marker = marker or uuid.uuid4().hex
+        env = child_env(env_extra, marker)
+        if launcher == "mpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        label = label or f"np={np_}"
+        start = time.perf_counter()
+        proc = subprocess.Popen(_die_with_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True, bufsize=1)
+        watchdog = _start_watchdog(marker, proc.pid, out if own_dir else None)
+        try:
+            timed_out, tails, launcher_lines = _stream(proc, timeout, start, progress, label, tail_lines)
+        except BaseException:  # KeyboardInterrupt (the notebook's stop button, SIGTERM in the CLI) included
+            kill_tree(proc, marker)
+            raise
+        finally:
+            if proc.poll() is None or marked_processes(marker):
+                kill_tree(proc, marker)
+            cleaned = True  # not reached if a second signal interrupts the cleanup: the watchdog finishes it
+        wall = time.perf_counter() - start
+        if timed_out or proc.returncode != 0:
+            raise _failure(label, timeout, wall, proc, timed_out, tails, launcher_lines)
+        results = []
+        for r in range(np_):
+            f = out / f"rank{r}.json"
+            if not f.is_file():
+                raise HorovodRunError(f"{label}: rank {r} exited cleanly but wrote no {f.name}", rank=r,
+                                      returncode=proc.returncode)
+            results.append(json.loads(f.read_text()))
+        for res in results:
+            res["wall_s"] = wall
+        return results
+    finally:
+        if own_dir:
+            shutil.rmtree(out, ignore_errors=True)
+        if watchdog is not None:
+            try:
+                watchdog.write("done" if cleaned else "")
+                watchdog.close()
+            except OSError:
+                pass
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--watchdog"]:
+    _watchdog_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "")

@@ -1,0 +1,336 @@
+"""Scaling on one machine, taken apart (04_horovod_scaling): where data-parallel efficiency goes when every
+worker owns one core of the same chip.
+
+`decompose()` measures, in one run and for 1 .. cores workers: the machine's own limit (labkit.scale.probe's
+single-thread GEMM processes), the training workers without gradient exchange (`--no-sync`) and with
+Horovod's exchange. `exchange_cost()` measures what the exchange adds to each step at several batch sizes,
+beside a barrier that only makes the workers step together, Horovod sending the gradients as one group and
+TensorFlow's own MultiWorkerMirroredStrategy, with the CPU time per step of each: on two busy cores the
+exchange costs the CPU time of Horovod's own threads, which the computing threads then lack, not bandwidth.
+`controller_cost()` measures the exchange under Gloo and under MPI with Open MPI's settings, each beside
+its own exchange-free run (`python -m labkit.scale.localscale` writes it to notebooks/results/controllers.json).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from labkit.scale import scaling
+
+# controller_cost's committed measurement (04 shows it where Horovod has no MPI or the profile is quick)
+CONTROLLER_RESULTS = Path(__file__).resolve().parents[2] / "notebooks" / "results" / "controllers.json"
+
+
+def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
+    """Where data-parallel efficiency goes on one machine, measured in one run, for each worker count:
+
+    the machine's own limit (labkit.scale.probe: that many single-thread GEMM processes at once), the training
+    workers without gradient exchange (--no-sync: compute on a shared chip) and with Horovod's exchange.
+    Every worker owns one thread (threads=1). workers: default 1 .. machine.cores() (at least 2). run_kw: scaling.run's
+    (model, batch_size, steps, ...). Returns (table, horovod, no_sync): one row per worker count with GFLOP/s,
+    images/s, speedup and efficiency of the three, and the two scaling.run DataFrames.
+    """
+    import pandas as pd
+    from labkit.base import machine
+    from labkit.scale import probe
+    if workers is None:
+        workers = list(range(1, max(2, machine.cores()) + 1))  # two at least: one exchange to measure
+    workers = [workers] if isinstance(workers, int) else list(workers)
+    if not workers or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in workers):
+        raise ValueError(f"workers must be a positive int or a list of them; got {workers!r}")
+    if run_kw.get("threads", 1) != 1:
+        raise ValueError(f"threads must be 1 here (each worker owns one core); got {run_kw['threads']!r}")
+    run_kw = {**run_kw, "threads": 1}
+    workers = sorted(set(workers) | {1})  # one worker is every curve's baseline
+    gemm, hvd, free = {}, [], []
+    for n in workers:  # interleaved: probe, no exchange, Horovod, then the next worker count
+        gemm[n] = probe.gemm_probe(n, probe_seconds, base=gemm[1]["gflops_total"] if n > 1 else None)
+        free.append(scaling.run([n], sync=False, progress=False, **run_kw))
+        hvd.append(scaling.run([n], sync=True, progress=False, **run_kw))
+        if progress:
+            print(f"{n} worker(s): GEMM processes {gemm[n]['gflops_total']:.0f} GFLOP/s; training "
+                  f"{free[-1]['images_per_sec'].iloc[0]:,.0f} images/s without exchange, "
+                  f"{hvd[-1]['images_per_sec'].iloc[0]:,.0f} with Horovod", flush=True)
+    free = scaling.efficiency(pd.concat(free, ignore_index=True))
+    hvd = scaling.efficiency(pd.concat(hvd, ignore_index=True))
+    table = pd.DataFrame({
+        "workers": workers,
+        "gemm_gflops": [gemm[n]["gflops_total"] for n in workers],
+        "gemm_speedup": [gemm[n]["speedup"] for n in workers],
+        "gemm_efficiency": [gemm[n]["efficiency"] for n in workers],
+        "no_sync_images_per_sec": free["images_per_sec"].to_numpy(),
+        "no_sync_speedup": free["speedup"].to_numpy(), "no_sync_efficiency": free["efficiency"].to_numpy(),
+        "horovod_images_per_sec": hvd["images_per_sec"].to_numpy(),
+        "horovod_speedup": hvd["speedup"].to_numpy(), "horovod_efficiency": hvd["efficiency"].to_numpy(),
+        "in_sync": hvd["in_sync"].to_numpy(),
+    })
+    # against the machine's own limit: how much of what the chip allows the training reaches
+    table["horovod_vs_machine"] = table["horovod_efficiency"] / table["gemm_efficiency"]
+    return table, hvd, free
+
+
+def plot_decomposition(table, ax=None, title=None):
+    """Speedup against workers: ideal, the GEMM probe (the machine's limit), training without and with
+    gradient exchange."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(5.5, 3.8))[1]
+    n = table["workers"].to_numpy()
+    ax.plot(n, n, "k--", label="ideal (linear)")
+    ax.plot(n, table["gemm_speedup"], "s-", label="GEMM processes (the machine's limit)")
+    ax.plot(n, table["no_sync_speedup"], "^-", label="training, no gradient exchange")
+    ax.plot(n, table["horovod_speedup"], "o-", label="training with Horovod")
+    ax.set_xlabel("workers, one thread each")
+    ax.set_ylabel("speedup over one worker")
+    ax.set_xticks(n)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
+def _comm_threads(name, launch) -> dict:
+    """{name_gloo_cpu_ms, name_hvd_thread_cpu_ms}: the workers' mean CPU ms per step of Gloo's network threads
+    and Horovod's background thread, from hvd_train's per-thread report; {} when a worker has none."""
+    per_rank = [r.get("thread_cpu_ms_per_step") or {} for r in launch.get("ranks") or []]
+    if not per_rank or not all("gloo_network" in r for r in per_rank):  # no report, or no split (no /proc, no wchan)
+        return {}
+    mean = lambda role: sum(r[role] for r in per_rank) / len(per_rank)  # noqa: E731
+    return {f"{name}_gloo_cpu_ms": mean("gloo_network"), f"{name}_hvd_thread_cpu_ms": mean("horovod_background")}
+
+
+EXCHANGE_VARIANTS = ("barrier", "one_group", "tf_distribute")
+
+
+def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **run_kw):
+    """Per batch size: np_ workers (one thread each) without exchange and with Horovod's gradient exchange,
+    one launch each, back to back, plus one launch per name in variants:
+
+    * "barrier": no gradients cross, but every step ends with a 4-byte allreduce issued after the update
+      (hvd_train --no-sync --barrier): what stepping together costs, the wait for the slower worker included;
+    * "one_group": Horovod with the gradients sent as one group once backprop is done
+      (DistributedGradientTape(num_groups=1)) instead of tensor by tensor as they are produced;
+    * "tf_distribute": the same model and batch under TensorFlow's MultiWorkerMirroredStrategy on this
+      machine (labkit.scale.tfdist_train.run_local), TensorFlow's own collective allreduce.
+
+    The workers train on one fixed batch of random images unless run_kw says otherwise (data=...), as
+    tf.distribute's always do: the input pipeline stays out of the comparison. Returns one row per batch:
+    step times in ms (median over ranks and steps), what each adds to the step without exchange (X_ms), CPU
+    milliseconds per step of one worker's process (X_cpu_ms, all its threads: time on a core, not waiting
+    for one), the share of the exchange-free speed each keeps (X_vs_no_sync = step time without exchange /
+    with) and whether the workers' weights ended equal. Where the workers report their threads' CPU time
+    (Linux), the Horovod launches add X_gloo_cpu_ms and X_hvd_thread_cpu_ms: milliseconds per step of Gloo's
+    network threads and of Horovod's background thread, the mean of the workers (hvd_train's
+    thread_cpu_ms_per_step)."""
+    import pandas as pd
+    batches = [batches] if isinstance(batches, int) else list(batches)
+    if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
+        raise ValueError(f"batches must be a positive int or a list of them; got {batches!r}")
+    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
+        raise ValueError(f"np_ must be an int >= 2 (an exchange needs two workers); got {np_!r}")
+    variants = [variants] if isinstance(variants, str) else list(variants)
+    bad = [v for v in variants if v not in EXCHANGE_VARIANTS]
+    if bad:
+        raise ValueError(f"variants must be names from {EXCHANGE_VARIANTS}; got {bad[0]!r}")
+    run_kw = {"data": "random", **run_kw, "threads": 1}
+    extra = tuple(run_kw.pop("extra", ()))
+    launches = {"horovod": dict(sync=True), "barrier": dict(sync=False, extra=extra + ("--barrier",)),
+                "one_group": dict(sync=True, extra=extra + ("--num-groups", "1"))}
+    rows = []
+    for b in batches:
+        free = scaling.run([np_], batch_size=b, sync=False, progress=progress, extra=extra, **run_kw).iloc[0]
+        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"],
+               **_comm_threads("no_sync", free)}
+        for name in ["horovod", *variants]:
+            if name == "tf_distribute":
+                from labkit.scale import tfdist_train
+                workers = tfdist_train.run_local(np_, model=run_kw.get("model", scaling.DEFAULT_MODEL), batch_size=b,
+                                                 steps=run_kw.get("steps", 20) * run_kw.get("repeats", 3),
+                                                 timeout=run_kw.get("timeout", 300))
+                step = max(w["median_step_s"] for w in workers)
+                cpu = float(sorted(w["cpu_step_time_s"] for w in workers)[len(workers) // 2])
+                in_sync = len({w["checksum_trainable"] for w in workers}) == 1
+            else:
+                kw = {"extra": extra, **launches[name]}
+                r = scaling.run([np_], batch_size=b, progress=progress, **kw, **run_kw).iloc[0]
+                step, cpu, in_sync = r["step_time_s"], r["cpu_step_time_s"], bool(r["in_sync"])
+                row.update(_comm_threads(name, r))
+            row.update({f"{name}_step_ms": 1e3 * step, f"{name}_ms": 1e3 * step - row["no_sync_step_ms"],
+                        f"{name}_cpu_ms": 1e3 * cpu, f"{name}_vs_no_sync": row["no_sync_step_ms"] / (1e3 * step)})
+            if name != "barrier":  # the barrier's workers drift apart by design: nothing to compare
+                row[f"{name}_in_sync"] = in_sync
+        row["exchange_ms"] = row["horovod_ms"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# Horovod's exchange on one machine under each controller: (label, launcher, the launch's environment).
+# Open MPI's blocking calls poll for the other worker by default; mpi_yield_when_idle=1 (what Open MPI
+# itself picks when it knows a node is oversubscribed) gives the core away between polls.
+MPI_YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+CONTROLLERS = (
+    ("Gloo", "gloo", {}),
+    ("MPI", "mpi", {}),
+    ("MPI, yield when idle", "mpi", MPI_YIELD),
+    ("MPI, yield when idle, 0.1 ms cycle", "mpi", {**MPI_YIELD, "HOROVOD_CYCLE_TIME": "0.1"}),
+)
+
+
+def mpi_available() -> bool:
+    """True where Horovod was built with the MPI controller and an `mpirun` is on PATH."""
+    import shutil
+    from labkit.base import doctor
+    build = doctor.horovod_build() or {}
+    return "MPI" in build.get("controllers", []) and shutil.which("mpirun") is not None
+
+
+def _check_settings(settings) -> list:
+    settings = list(settings)
+    if not settings:
+        raise ValueError("settings must name at least one (label, launcher, environment)")
+    for s in settings:
+        ok = (isinstance(s, (tuple, list)) and len(s) == 3 and isinstance(s[0], str) and s[1] in ("gloo", "mpi")
+              and isinstance(s[2], dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in s[2].items()))
+        if not ok:
+            raise ValueError("settings must be (label, 'gloo' | 'mpi', {NAME: 'value'}) tuples; "
+                             f"got {s!r}")
+    return settings
+
+
+def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress=False, **run_kw):
+    """Horovod's exchange under each setting, each beside its own exchange-free run.
+
+    settings: (label, launcher 'gloo' | 'mpi', environment of the launch) tuples (default CONTROLLERS). For
+    each, np_ workers (one thread each) train `batch` images per step once without exchange (--no-sync) and
+    once with Horovod's, on one fixed batch of random images unless run_kw says otherwise. Every round runs
+    every setting once, in order, so a busy spell on a shared machine falls on all of them alike; the table
+    keeps the median over rounds. MPI settings need a Horovod built with MPI and an mpirun (checked before any
+    launch). Returns one row per setting: label, launcher, settings ('NAME=value ...'), no_sync_step_ms and
+    horovod_step_ms (median step, over the workers), vs_no_sync (the share of its own exchange-free speed the
+    exchange keeps), vs_best_no_sync (the same against the fastest exchange-free run in the table: a
+    setting that slows its own baseline gains nothing by it), no_sync_cpu_ms and horovod_cpu_ms (CPU time per step of one worker's process), the
+    same for Horovod's background thread alone (*_hvd_thread_cpu_ms, Linux; NaN elsewhere), in_sync (the
+    workers' weights equal in every round), the controller and the settings the workers reported (controller,
+    workers_saw)."""
+    import statistics
+
+    import pandas as pd
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1 (images per worker per step); got {batch!r}")
+    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
+        raise ValueError(f"np_ must be an int >= 2 (an exchange needs two workers); got {np_!r}")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1; got {rounds!r}")
+    settings = _check_settings(settings)
+    scaling.check_model(run_kw.get("model", scaling.DEFAULT_MODEL))
+    if any(launcher == "mpi" for _, launcher, _ in settings) and not mpi_available():
+        raise RuntimeError("the MPI settings need Horovod built with MPI and Open MPI's mpirun: install Open MPI "
+                           "(apt-get install libopenmpi-dev openmpi-bin, or module load openmpi), then rebuild "
+                           "Horovod with `make setup`; or pass settings with the 'gloo' launcher only")
+    run_kw = {"data": "random", **run_kw, "threads": 1}
+    base_env = dict(run_kw.pop("env_extra", None) or {})
+    seen = {label: {"no_sync": [], "horovod": []} for label, _, _ in settings}
+    for r in range(rounds):
+        for label, launcher, env in settings:
+            for name, sync in (("no_sync", False), ("horovod", True)):
+                df = scaling.run([np_], batch_size=batch, sync=sync, launcher=launcher, progress=False,
+                                 env_extra={**base_env, **env}, **run_kw)
+                seen[label][name].append(df.iloc[0])
+            if progress:
+                last = seen[label]
+                print(f"round {r + 1}/{rounds}, {label}: no exchange "
+                      f"{1e3 * last['no_sync'][-1]['step_time_s']:.1f} ms per step, Horovod "
+                      f"{1e3 * last['horovod'][-1]['step_time_s']:.1f} ms", flush=True)
+    rows = []
+    for label, launcher, env in settings:
+        row = {"label": label, "launcher": launcher,
+               "settings": " ".join(f"{k}={v}" for k, v in env.items()) or "defaults"}
+        for name, runs in seen[label].items():
+            row[f"{name}_step_ms"] = statistics.median(1e3 * x["step_time_s"] for x in runs)
+            row[f"{name}_cpu_ms"] = statistics.median(1e3 * x["cpu_step_time_s"] for x in runs)
+            bg = [statistics.mean(w["thread_cpu_ms_per_step"]["horovod_background"] for w in x["ranks"])
+                  for x in runs if all("horovod_background" in (w.get("thread_cpu_ms_per_step") or {})
+                                       for w in x["ranks"])]
+            row[f"{name}_hvd_thread_cpu_ms"] = statistics.median(bg) if len(bg) == len(runs) else float("nan")
+            row[f"{name}_all_step_ms"] = [round(1e3 * x["step_time_s"], 3) for x in runs]
+        row["vs_no_sync"] = row["no_sync_step_ms"] / row["horovod_step_ms"]
+        row["in_sync"] = all(bool(x["in_sync"]) for x in seen[label]["horovod"])
+        first = seen[label]["horovod"][0]["ranks"][0]  # what the workers themselves saw
+        row["controller"], row["workers_saw"] = first.get("controller", ""), first.get("tuning", {})
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    # against the fastest exchange-free run of any setting: a setting that slows its own baseline (Open MPI
+    # polling with nothing to send) must not look better for it
+    table["vs_best_no_sync"] = table["no_sync_step_ms"].min() / table["horovod_step_ms"]
+    return table
+
+
+def open_mpi_version() -> str:
+    """'Open MPI 4.1.4' from `mpirun --version`, '' where there is none."""
+    import re
+    import shutil
+    import subprocess
+    exe = shutil.which("mpirun")
+    if exe is None:
+        return ""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"\(Open MPI\) (\S+)", out)
+    return f"Open MPI {m[1]}" if m else out.splitlines()[0].strip() if out.strip() else ""
+
+
+def controller_results(cost, **meta) -> dict:
+    """controller_cost's table as a JSON-ready document with what it was measured on."""
+    import time
+
+    from labkit.base import machine
+    try:
+        from importlib.metadata import version
+        horovod = version("horovod")
+    except Exception:  # noqa: BLE001 - not installed: say so rather than fail the record
+        horovod = ""
+    return {"date": time.strftime("%Y-%m-%d"), "cores": machine.cores(), "horovod": horovod,
+            "mpi": open_mpi_version(), **meta, "rows": json.loads(cost.to_json(orient="records"))}
+
+
+def load_controller_results(path=CONTROLLER_RESULTS) -> dict:
+    """The committed measurement; its table is pandas.DataFrame(doc['rows'])."""
+    return json.loads(Path(path).read_text())
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m labkit.scale.localscale",
+                                description="Horovod's gradient exchange on this machine under Gloo and MPI, "
+                                            "each setting beside its own run without exchange (controller_cost).")
+    p.add_argument("--model", default=scaling.DEFAULT_MODEL)
+    p.add_argument("--batch-size", type=int, default=64, help="images per worker per step")
+    p.add_argument("--rounds", type=int, default=3, help="every setting once per round; medians over rounds")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=str(CONTROLLER_RESULTS))
+    args = p.parse_args(argv)
+    for name in ("batch_size", "rounds", "steps", "repeats"):
+        if getattr(args, name) < 1:
+            print(f"localscale: --{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    try:
+        cost = controller_cost(args.batch_size, rounds=args.rounds, model=args.model, steps=args.steps,
+                               repeats=args.repeats, progress=True, timeout=600)
+    except (ValueError, RuntimeError) as err:
+        print(f"localscale: {err}", file=sys.stderr)
+        return 2
+    doc = controller_results(cost, model=args.model, batch_per_worker=args.batch_size, workers=2,
+                             rounds=args.rounds, steps=args.steps, repeats=args.repeats, data="random")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(cost[["label", "no_sync_step_ms", "horovod_step_ms", "vs_no_sync"]].round(3).to_string(index=False))
+    print("written:", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""Data-parallel scaling, measured: per worker count, images/s, speedup and efficiency (04_horovod_scaling).
+
+`run(np=[1, 2])` launches labkit.scale.hvd_train through labkit.scale.launch once per worker count and returns a
+pandas DataFrame with one row per worker count: total images/s (mean and spread over timed repeats),
+speedup, efficiency, each rank's weight checksum. `per_rank` unfolds the ranks, `to_json` writes the
+`labkit scale --json` document, `plot_scaling` draws it. The cost model that explains the numbers is
+labkit.scale.allreduce; the explorer widget is labkit.widgets.scaling.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from labkit.scale.launch import HorovodRunError, child_env, launch, take_slots
+
+DEFAULT_MODEL = "small_cnn"
+
+
+def train_args(*, model="small_cnn", batch_size=64, steps=20, repeats=3, warmup_steps=5, data="synthetic",
+               num_examples=None, lr=0.01, scale_lr=False, lr_warmup_steps=0, threads=1, sync=True,
+               seed=0, extra=()) -> list[str]:
+    """hvd_train's command-line arguments for the given settings."""
+    if num_examples is None:  # enough for every rank to take a few batches of its shard
+        num_examples = max(1024, 8 * batch_size * 2)
+    a = ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", repeats,
+         "--warmup-steps", warmup_steps, "--data", data, "--num-examples", num_examples, "--lr", lr,
+         "--lr-warmup-steps", lr_warmup_steps, "--threads", threads, "--seed", seed]
+    if scale_lr:
+        a.append("--scale-lr")
+    if not sync:
+        a.append("--no-sync")
+    return [str(v) for v in a] + [str(v) for v in extra]
+
+
+def summarize(ranks: list[dict]) -> dict:
+    """One row from the ranks of one launch: total images/s over ranks, per timed repeat, mean and spread."""
+    per_repeat = np.sum([r["images_per_sec_repeats"] for r in ranks], axis=0)
+    checks = [r["checksum"] for r in ranks]
+    r0 = ranks[0]
+    return {
+        "np": r0["size"], "batch_size": r0["batch_size"], "global_batch_size": r0["global_batch_size"],
+        "images_per_sec": float(per_repeat.mean()),
+        "images_per_sec_std": float(per_repeat.std(ddof=1)) if per_repeat.size > 1 else 0.0,
+        "images_per_sec_per_rank": float(per_repeat.mean()) / r0["size"],
+        "step_time_s": float(np.median([r["step_time_s"] for r in ranks])),
+        "cpu_step_time_s": float(np.median([r.get("cpu_step_time_s", np.nan) for r in ranks])),
+        # a synchronous step ends when the slowest rank's does: the max over ranks
+        "step_time_p10_s": float(np.max([r.get("step_time_p10_s", np.nan) for r in ranks])),
+        "final_loss": r0["final_loss"], "checksums": checks, "in_sync": len(set(checks)) == 1,
+        "threads": r0["threads"], "model": r0["model"], "data": r0["data"], "sync": r0["sync"],
+        "wall_s": r0.get("wall_s"), "ranks": ranks,
+    }
+
+
+def efficiency(df, base_np=None):
+    """Add speedup (throughput vs the smallest np) and efficiency (speedup / (np / base np)) columns."""
+    df = df.copy()
+    base = df["np"].min() if base_np is None else base_np
+    ref = df.loc[df["np"] == base]
+    if ref.empty:
+        raise ValueError(f"base_np={base} is not among the measured np values {list(df['np'])}")
+    ips1 = float(ref["images_per_sec"].iloc[0])
+    df["speedup"] = df["images_per_sec"] / ips1
+    df["efficiency"] = df["speedup"] / (df["np"] / base)
+    for col, out in (("step_time_p10_s", "p10_efficiency"), ("cpu_step_time_s", "cpu_efficiency")):
+        if col in df and "batch_size" in df:
+            # per-rank time per image at np=base over the same at np (weak or strong scaling alike):
+            # p10 = the uncontended steps of a shared machine; cpu = work done, not time spent waiting
+            per_image = df[col] / df["batch_size"]
+            df[out] = float(per_image[df["np"] == base].iloc[0]) / per_image
+    return df
+
+
+@functools.lru_cache(maxsize=None)
+def model_names() -> tuple:
+    """The model names the ranks can build: labkit.models' names and small_cnn. Asked of a child Python
+    unless TensorFlow is already loaded here, so that `labkit scale` never loads it itself."""
+    if "tensorflow" in sys.modules:
+        from labkit import models
+        return tuple(sorted({*models.names(), DEFAULT_MODEL}))
+    out = subprocess.run([sys.executable, "-c", "from labkit import models; print(*models.names())"],
+                         capture_output=True, text=True, timeout=300, env=child_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"could not list labkit.models: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    return tuple(sorted({*out.stdout.split(), DEFAULT_MODEL}))
+
+
+def check_model(model, name: str = "model") -> None:
+    """ValueError naming `name` (the parameter) unless the ranks can build model (small_cnn is checked for free)."""
+    if model == DEFAULT_MODEL:
+        return
+    names = model_names()
+    if model not in names:
+        raise ValueError(f"{name} must be one of {', '.join(names)}; got {model!r}")
+
+
+def data_note(data: str) -> str:
+    """Which data set the ranks will train on, and why (said before a launch; the ranks report it too)."""
+    from labkit import data as lkdata
+    if data == "synthetic":
+        return "data: an offline synthetic set (--data synthetic: images/s does not depend on pixel values)"
+    if data not in ("auto", "cifar10"):
+        raise ValueError(f"data must be 'synthetic', 'auto' or 'cifar10'; got {data!r}")
+    if lkdata.cifar10_available():
+        return f"data: CIFAR-10, found in {lkdata.find_cifar10() or 'the data directory (as an archive)'}"
+    if data == "cifar10":
+        raise ValueError("data='cifar10' but CIFAR-10 is not on disk here (LABKIT_DATA, the Keras cache); "
+                         "run `labkit data fetch cifar10` first, or use --data auto")
+    return ("data: labkit's offline synthetic set, because CIFAR-10 was not found (LABKIT_DATA, the Keras "
+            "cache); `labkit data fetch cifar10` gets it")
+
+
+def run(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, warmup_steps=5,
+        scaling="weak", data="synthetic", num_examples=None, lr=0.01, scale_lr=False, lr_warmup_steps=0,
+        threads=1, sync=True, seed=0, launcher="auto", hosts=None, timeout=300, progress=True, env_extra=None,
+        extra=()):
+    """Train with Horovod once per worker count; returns a DataFrame (one row per np) with efficiency.
+
+    scaling="weak": batch_size images per rank per step (the work grows with np);
+    scaling="strong": batch_size images per step in total, split over the ranks (fixed work).
+    threads: intra-op threads per rank (default 1: each worker owns a fixed share of the machine, as each
+    GPU or node does). hosts: horovodrun -H entries, e.g. "node1:1,node2:1" (default: this machine, or the
+    Slurm allocation). Each row keeps every rank's result dict in column "ranks"; `per_rank(df)` unfolds them.
+    """
+    import pandas as pd
+    nps = [np] if isinstance(np, int) else list(np)
+    if not nps or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in nps):
+        raise ValueError(f"np must be a positive int or a list of them; got {np!r}")
+    if scaling not in ("weak", "strong"):
+        raise ValueError(f"scaling must be 'weak' or 'strong'; got {scaling!r}")
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1 (threads per worker); got {threads!r}")
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a finite number of seconds > 0; got {timeout!r}")
+    if hosts is not None:
+        for n in nps:
+            take_slots(hosts, n)  # bad entries or too few slots fail here, before any launch
+    check_model(model)
+    bad = [n for n in nps if scaling == "strong" and batch_size % n]
+    if bad:
+        raise ValueError(f"strong scaling splits batch_size={batch_size} over np={bad[0]}: "
+                         f"choose a batch_size divisible by every np")
+    rows = []
+    for n in nps:
+        per_rank = batch_size // n if scaling == "strong" else batch_size
+        args = train_args(model=model, batch_size=per_rank, steps=steps, repeats=repeats,
+                          warmup_steps=warmup_steps, data=data, num_examples=num_examples, lr=lr,
+                          scale_lr=scale_lr, lr_warmup_steps=lr_warmup_steps, threads=threads, sync=sync,
+                          seed=seed, extra=extra)
+        ranks = launch(n, args, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
+                       env_extra=env_extra)
+        row = summarize(ranks)
+        row["scaling"] = scaling
+        rows.append(row)
+    return efficiency(pd.DataFrame(rows))
+
+
+def per_rank(df):
+    """One row per rank of every launch in a run() DataFrame (np, rank, images/s, checksum, ...)."""
+    import pandas as pd
+    keep = ("rank", "size", "pid", "threads", "batch_size", "images_per_sec", "images_per_sec_std",
+            "step_time_s", "final_loss_local", "final_loss", "checksum", "examples_this_rank")
+    rows = [{k: r[k] for k in keep} for ranks in df["ranks"] for r in ranks]
+    return pd.DataFrame(rows).rename(columns={"size": "np"})
+
+
+def to_json(df, **extra) -> dict:
+    """The `labkit scale --json` document (DESIGN.md contract), plus the settings in extra."""
+    import pandas as pd
+    runs = []
+    for _, r in df.iterrows():
+        runs.append({"np": int(r["np"]), "images_per_sec": float(r["images_per_sec"]),
+                     "images_per_sec_std": float(r["images_per_sec_std"]),
+                     "efficiency": float(r["efficiency"]), "speedup": float(r["speedup"]),
+                     "checksums": list(r["checksums"]), "in_sync": bool(r["in_sync"]),
+                     "batch_size": int(r["batch_size"]), "global_batch_size": int(r["global_batch_size"]),
+                     "step_time_s": float(r["step_time_s"]), "final_loss": float(r["final_loss"]),
+                     "threads": int(r["threads"])})
+        for extra_key in ("p10_efficiency", "cpu_efficiency", "step_time_p10_s", "cpu_step_time_s"):
+            if extra_key in r and pd.notna(r[extra_key]):
+                runs[-1][extra_key] = float(r[extra_key])
+    return {"runs": runs, "all_in_sync": all(x["in_sync"] for x in runs), **extra}
+
+
+# ----------------------------------------------------------------------------------------------
+# plots
+
+def plot_scaling(df, ax=None, what="throughput", label=None):
+    """Throughput (images/s) or efficiency vs workers, with the ideal (linear) line."""
+    import matplotlib.pyplot as plt
+    if what not in ("throughput", "efficiency"):
+        raise ValueError(f"what must be 'throughput' or 'efficiency'; got {what!r}")
+    ax = ax or plt.subplots(figsize=(5, 3.5))[1]
+    n = df["np"].to_numpy()
+    base = n.min()
+    if what == "throughput":
+        ips = df["images_per_sec"].to_numpy()
+        ax.errorbar(n, ips, yerr=df["images_per_sec_std"], marker="o", capsize=3, label=label or "measured")
+        ax.plot(n, ips[n == base][0] * n / base, "k--", label="ideal (linear)")
+        ax.set_ylabel("images/s (all workers)")
+    else:
+        ax.plot(n, df["efficiency"], marker="o", label=label or "measured")
+        ax.axhline(1.0, color="k", ls="--", label="ideal")
+        ax.set_ylim(0, 1.1)
+        ax.set_ylabel("efficiency")
+    ax.set_xlabel("workers (np)")
+    ax.set_xticks(n)
+    ax.legend()
+    return ax
+
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+def _int_list(text):
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers like 1,2; got {text!r}")
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"worker counts must be >= 1; got {text!r}")
+    return vals
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block: "labkit scale: error: --np: ..."
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) arrived: handled like Ctrl-C, so the launch cleans up before the exit."""
+
+
+def _check_json_path(path: str) -> None:
+    """The results file must be creatable now, not after minutes of training."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"--json must be a file path; {path} is a directory")
+    if not target.parent.is_dir():
+        raise ValueError(f"--json: the directory {target.parent} does not exist")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as err:
+        raise ValueError(f"--json: cannot write {path} ({err.strerror})") from None
+    if not existed:
+        target.unlink()
+
+
+def _check_args(a) -> None:
+    """Every check that needs no launch, in the order the options are listed; ValueError on the first."""
+    from labkit.base import config
+    config.profile()  # LABKIT_PROFILE must be quick, workshop or full
+    for name in ("batch_size", "steps", "repeats"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(a, name)}")
+    if a.warmup_steps < 0:
+        raise ValueError(f"--warmup-steps must be >= 0; got {a.warmup_steps}")
+    if a.threads < 1:
+        raise ValueError(f"--threads must be >= 1 (threads per worker); got {a.threads}")
+    if not 0 < a.timeout < math.inf:
+        raise ValueError(f"--timeout must be a finite number of seconds > 0; got {a.timeout}")
+    if a.hosts is not None:
+        try:
+            for n in a.np:
+                take_slots(a.hosts, n)
+        except ValueError as err:
+            raise ValueError(f"--hosts: {err}") from None
+    if a.json_path:
+        _check_json_path(a.json_path)
+    check_model(a.model, "--model")
+
+
+def cli_main(argv=None) -> int:
+    """`labkit scale --np 1,2 [--model M] [--batch-size B] [--steps S] [--hosts H] --json FILE`."""
+    p = _Parser(prog="labkit scale",
+                description="Run Horovod data-parallel training once per worker count and report images/s, "
+                            "efficiency and each rank's weight checksum. Each worker owns a fixed share of "
+                            "the machine (--threads, default 1), as each GPU or node does.")
+    p.add_argument("--np", type=_int_list, default=[1, 2], help="worker counts, e.g. 1,2 (default 1,2)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="small_cnn (default) or a labkit.models name")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="images per step: per worker (weak scaling) or in total (strong)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats")
+    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps before timing")
+    p.add_argument("--scaling", choices=["weak", "strong"], default="weak",
+                   help="weak: fixed work per worker (default); strong: fixed work per step, split")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads per worker (default 1: each worker owns a fixed share of the "
+                        "machine, as each GPU or node does, so adding workers adds cores)")
+    p.add_argument("--hosts", default=None,
+                   help="horovodrun -H hosts as name:slots, e.g. node1:1,node2:1 (default: this machine, "
+                        "or the nodes of the Slurm allocation)")
+    p.add_argument("--data", choices=["synthetic", "auto", "cifar10"], default="synthetic",
+                   help="synthetic (default), auto (CIFAR-10 if on disk, else the offline set) or cifar10")
+    p.add_argument("--launcher", choices=["auto", "gloo", "mpi", "srun"], default="auto")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per launch before everything is killed")
+    p.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    a = p.parse_args(argv)
+    try:
+        _check_args(a)
+        note = data_note(a.data)
+    except (ValueError, RuntimeError) as err:
+        p.error(str(err))
+    print(note, flush=True)
+    handled = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+
+    def terminate(signum, frame):
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, terminate) for s in handled}
+    try:
+        df = run(a.np, model=a.model, batch_size=a.batch_size, steps=a.steps, repeats=a.repeats,
+                 warmup_steps=a.warmup_steps, scaling=a.scaling, data=a.data, threads=a.threads,
+                 launcher=a.launcher, hosts=a.hosts, timeout=a.timeout, progress=not a.quiet)
+    except Terminated as stop:
+        print(f"labkit scale: stopped by signal {stop.args[0]}; every process of the launch was killed",
+              file=sys.stderr)
+        return 128 + int(stop.args[0])
+    except KeyboardInterrupt:
+        print("labkit scale: interrupted; every process of the launch was killed", file=sys.stderr)
+        return 130
+    except (HorovodRunError, FileNotFoundError, ValueError) as err:
+        print(f"labkit scale: {err}", file=sys.stderr)
+        return 1
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    print(f"the ranks trained on: {df['data'].iloc[0]}")
+    doc = to_json(df, model=a.model, scaling=a.scaling, steps=a.steps, repeats=a.repeats,
+                  warmup_steps=a.warmup_steps, data=str(df["data"].iloc[0]), launcher=a.launcher,
+                  hosts=a.hosts, threads_per_worker=a.threads)
+    for r in doc["runs"]:
+        print(f"np={r['np']}: {r['images_per_sec']:.1f} +- {r['images_per_sec_std']:.1f} images/s, "
+              f"efficiency {r['efficiency']:.2f} (uncontended steps: {r.get('p10_efficiency', float('nan')):.2f}), "
+              f"checksums {'equal' if r['in_sync'] else 'DIFFER'}")
+    if a.json_path:
+        Path(a.json_path).write_text(json.dumps(doc, indent=2))
+    return 0 if doc["all_in_sync"] else 3

@@ -1,0 +1,19 @@
+"""labkit.sweep."""
+from labkit.sweep.runner import (  # noqa: F401  (the package's API)
+    check_writable,
+    load_results,
+    records_dataframe,
+    settings_mismatch,
+    write_results,
+    kill_pool,
+    new_pool,
+    raise_interrupt,
+    config_key,
+    config_name,
+    pareto_front,
+    run_config,
+    SweepRun,
+    run_sweep,
+    measure_speedup,
+    plot_speedup,
+)

@@ -1,0 +1,115 @@
+import numpy as np
+import pytest
+
+from labkit.base import config
+
+
+def test_default_profile_is_workshop(monkeypatch):
+    monkeypatch.delenv("LABKIT_PROFILE", raising=False)
+    assert config.profile() == "workshop"
+
+
+@pytest.mark.parametrize("name", ["quick", "workshop", "full"])
+def test_valid_profiles(monkeypatch, name):
+    monkeypatch.setenv("LABKIT_PROFILE", name)
+    assert config.profile() == name
+    assert config.by_profile(quick=1, workshop=2, full=3) == {"quick": 1, "workshop": 2, "full": 3}[name]
+
+
+@pytest.mark.parametrize("bad", ["fast", "QUICK", "ful"])
+def test_unknown_profile_lists_valid_ones(monkeypatch, bad):
+    monkeypatch.setenv("LABKIT_PROFILE", bad)
+    with pytest.raises(ValueError) as err:
+        config.profile()
+    msg = str(err.value)
+    assert "LABKIT_PROFILE" in msg and repr(bad) in msg
+    assert all(p in msg for p in ("quick", "workshop", "full"))
+
+
+def test_data_dir_from_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_DATA", str(tmp_path))
+    assert config.data_dir() == tmp_path
+    monkeypatch.delenv("LABKIT_DATA")
+    assert config.data_dir().name == "data"
+
+
+def test_set_seed_repeats_numpy_and_tensorflow():
+    import tensorflow as tf
+
+    def draw():
+        config.set_seed(7)
+        return np.random.rand(3), tf.random.uniform((3,)).numpy()
+
+    (a_np, a_tf), (b_np, b_tf) = draw(), draw()
+    np.testing.assert_array_equal(a_np, b_np)
+    np.testing.assert_array_equal(a_tf, b_tf)
+    config.set_seed(8)
+    assert not np.array_equal(np.random.rand(3), a_np)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "42", True])
+def test_set_seed_rejects_bad_seed(bad):
+    with pytest.raises(ValueError, match="seed"):
+        config.set_seed(bad)
+
+
+def test_scratch_dir_is_private_and_removed_when_the_process_exits(tmp_path):
+    import subprocess
+    import sys
+    code = ("from labkit import config; p = config.scratch_dir('labkit-test-'); (p / 'x').write_text('1'); "
+            "import os, stat; print(p, oct(stat.S_IMODE(os.stat(p).st_mode)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "TMPDIR": str(tmp_path)}).stdout.split()
+    path, mode = out[-2], out[-1]
+    assert path.startswith(str(tmp_path)) and mode == "0o700"
+    assert not __import__("os").path.exists(path), "the folder outlived its process"
+
+
+def test_a_killed_kernels_scratch_dir_is_removed_by_the_next_one(tmp_path):
+    """A kernel killed outright (nbval stops kernels with SIGKILL) runs no exit handler; the next scratch_dir
+    with that prefix removes the orphan, and leaves a live process's folder and folders it did not make."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    killed = subprocess.run([sys.executable, "-c", "import os; from labkit import config; "
+                             "p = config.scratch_dir('labkit-test-'); print(p); os._exit(9)"],
+                            capture_output=True, text=True, env=env).stdout.split()[-1]
+    assert os.path.isdir(killed)
+    foreign = tmp_path / "labkit-test-foreign"  # no owner file: not made by scratch_dir
+    foreign.mkdir()
+    alive = subprocess.Popen([sys.executable, "-c", "import sys, time; from labkit import config; "
+                              "print(config.scratch_dir('labkit-test-'), flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        alive_dir = alive.stdout.readline().strip()
+        assert not os.path.exists(killed), "the killed kernel's folder was left behind"
+        subprocess.run([sys.executable, "-c", "from labkit import config; config.scratch_dir('labkit-test-')"],
+                       check=True, env=env)
+        assert os.path.isdir(alive_dir) and foreign.is_dir()
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_scratch_dir_refuses_a_path_as_prefix():
+    import pytest
+    from labkit.base import config
+    with pytest.raises(ValueError, match="prefix"):
+        config.scratch_dir("../x")
+
+
+def test_set_seed_gives_the_same_initial_weights_in_every_process():
+    """Keras 2 seeds an unseeded initializer from Python's random: tf.random.set_seed alone gives new weights
+    in every process (04's learning-rate runs started from different weights each time before this)."""
+    import subprocess
+    import sys
+    prog = ("import labkit, sys\nfrom labkit import config, models, training\n"
+            "config.set_seed(3) if sys.argv[1] == 'all' else __import__('tensorflow').random.set_seed(3)\n"
+            "m = models.get('small_cnn', input_shape=(32, 32, 3), classes=10)\n"
+            "print(training.weights_checksum([v.numpy() for v in m.trainable_weights]))")
+    def weights(how):
+        return subprocess.run([sys.executable, "-c", prog, how], capture_output=True, text=True, timeout=120,
+                              check=True).stdout.split()[-1]
+    assert weights("all") == weights("all")
+    assert weights("tf_only") != weights("tf_only")  # the trap itself, so the test notices if Keras changes

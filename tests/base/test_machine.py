@@ -1,0 +1,208 @@
+"""labkit.base.machine: usable cores (affinity and cgroup quota), thread limits, BLAS, TensorFlow's oneDNN switch."""
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import labkit  # noqa: F401
+import pytest
+
+from labkit.base import machine
+
+
+def _run(code: str, **env) -> str:
+    full = dict(os.environ)
+    for key, value in env.items():
+        if value is None:
+            full.pop(key, None)
+        else:
+            full[key] = value
+    done = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_cores_is_the_affinity_mask_capped_by_the_cgroup_quota(monkeypatch):
+    affinity = len(os.sched_getaffinity(0))
+    assert 1 <= machine.cores() <= affinity
+    monkeypatch.setattr(machine, "cgroup_cpu_limit", lambda root=None: 0.5)
+    assert machine.cores() == 1  # half a core still runs one thread
+    monkeypatch.setattr(machine, "cgroup_cpu_limit", lambda root=None: 1000.0)
+    assert machine.cores() == affinity  # a quota above the mask does not add cores
+    monkeypatch.setattr(machine, "cgroup_cpu_limit", lambda root=None: None)
+    assert machine.cores() == affinity
+
+
+def test_cgroup_quota_files_v2_and_v1(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert machine.cgroup_cpu_limit(v2) == pytest.approx(1.5)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert machine.cgroup_cpu_limit(v2) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert machine.cgroup_cpu_limit(v1) == pytest.approx(2.0)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert machine.cgroup_cpu_limit(v1) is None
+    assert machine.cgroup_cpu_limit(tmp_path / "absent") is None
+
+
+def test_default_threads_split_the_cores_among_local_ranks():
+    assert machine.default_threads(cores=16, local_size=4) == 4
+    assert machine.default_threads(cores=2, local_size=2) == 1
+    assert machine.default_threads(cores=2, local_size=8) == 1  # never zero
+    assert machine.default_threads() == machine.cores()
+    with pytest.raises(ValueError, match="local_size"):
+        machine.default_threads(cores=2, local_size=0)
+    with pytest.raises(ValueError, match="cores"):
+        machine.default_threads(cores=0)
+
+
+def test_limit_threads_rejects_bad_counts():
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="threads"):
+            machine.limit_threads(bad, tensorflow=False)
+
+
+def test_limit_threads_pins_env_and_blas_pools_in_a_fresh_process():
+    code = ("import json, numpy; from labkit import machine; machine.limit_threads(1, tensorflow=False); "
+            "print(json.dumps(machine.thread_report()))")
+    import json
+
+    report = json.loads(_run(code))
+    assert all(report[var] == "1" for var in machine.THREAD_ENV_VARS)
+    assert report["blas_threads"] and set(report["blas_threads"]) == {1}
+    assert "tf_intra_op" not in report  # TensorFlow was not imported
+
+
+def test_blas_info_and_openblas_variables(monkeypatch):
+    info = machine.blas_info()
+    assert info and {"internal_api", "num_threads"} <= set(info[0])
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    monkeypatch.delenv("OPENBLAS_L2_SIZE", raising=False)
+    assert machine.openblas_env() == {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None}
+    assert "are unset" in machine.describe(tensorflow=False)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    text = machine.describe(tensorflow=False)
+    assert "OPENBLAS_CORETYPE=Haswell" in text and "env -u OPENBLAS_CORETYPE" in text
+
+
+def test_onednn_rule_parses_the_variable_as_tensorflow_documents():
+    vnni, older = {"avx2", "avx512f", "avx512_vnni"}, {"avx", "avx2"}
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "0"}, "x86_64", "Linux", vnni) is False
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "False"}, "x86_64", "Linux", vnni) is False
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "1"}, "x86_64", "Linux", older) is True
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "TRUE"}, "x86_64", "Linux", older) is True
+    # unset or unreadable: TensorFlow's default, which on Linux depends on the CPU
+    assert machine.onednn_rule({}, "x86_64", "Linux", vnni) is True
+    assert machine.onednn_rule({}, "x86_64", "Linux", {"avx2", "amx_tile"}) is True
+    assert machine.onednn_rule({}, "x86_64", "Linux", older) is False
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "no"}, "x86_64", "Linux", older) is False
+    assert machine.onednn_rule({}, "AMD64", "Windows", set()) is True
+    # macOS wheels have no oneDNN kernels at all; Linux on Arm is off unless asked for
+    assert machine.onednn_rule({}, "arm64", "Darwin") is False
+    assert machine.onednn_rule({"TF_ENABLE_ONEDNN_OPTS": "1"}, "arm64", "Darwin") is False
+    assert machine.onednn_rule({}, "aarch64", "Linux", set()) is False
+
+
+def test_cpu_flags_are_read_where_the_system_lists_them():
+    flags = machine.cpu_flags()
+    if Path("/proc/cpuinfo").exists() and platform.machine().lower() in ("x86_64", "amd64"):
+        assert {"sse2", "avx"} <= flags  # every x86-64 CPU TensorFlow 2.15's wheels run on has both
+
+
+@pytest.mark.parametrize("value", [None, "0", "1", "no"])
+def test_onednn_rule_agrees_with_tensorflow_itself(value):
+    # the oracle: TensorFlow's own IsMklEnabled, read once per process, so one fresh process per setting
+    code = ("import labkit; from labkit import machine; "
+            "print(machine.tf_onednn_enabled(), machine.onednn_rule())")
+    told, ruled = _run(code, TF_ENABLE_ONEDNN_OPTS=value).split()
+    assert told == ruled
+    if value == "0":
+        assert told == "False"
+
+
+def test_describe_names_cpu_cores_blas_and_onednn():
+    text = machine.describe()
+    assert "usable cores" in text and "numpy BLAS" in text
+    assert "TensorFlow 2." in text and "oneDNN kernels " in text
+
+
+def test_importing_machine_and_describing_without_tf_leave_tensorflow_unloaded():
+    code = ("import sys; from labkit import machine; machine.cores(); machine.describe(tensorflow=False); "
+            "print('tensorflow' in sys.modules)")
+    assert _run(code) == "False"
+
+
+def test_onednn_kernels_name_tensorflows_conv_kernel_as_its_verbose_mode_does():
+    kernels = machine.onednn_kernels(batch_size=1, size=8, channels=16)
+    assert {"conv2d", "matmul"} <= set(kernels)
+    if machine.tf_onednn_enabled():  # oneDNN's own convolution, not TensorFlow's Eigen one
+        assert "Eigen" not in kernels["conv2d"] and kernels["conv2d"] != "?"
+    else:
+        assert "Eigen" in kernels["conv2d"]
+    with pytest.raises(ValueError, match="channels"):
+        machine.onednn_kernels(channels=0)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="per-thread CPU time is read from Linux's /proc")
+def test_thread_cpu_seconds_tells_a_busy_thread_from_a_sleeping_one():
+    import threading
+    import time
+    ids, stop = {}, threading.Event()
+
+    def spin():
+        ids["spin"] = threading.get_native_id()
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.3:  # 0.3 s of this thread's own CPU time (the oracle)
+            pass
+        stop.wait()
+
+    def sleep():
+        ids["sleep"] = threading.get_native_id()
+        stop.wait()
+
+    threads = [threading.Thread(target=spin), threading.Thread(target=sleep)]
+    for t in threads:
+        t.start()
+    while len(ids) < 2 or threads[0].is_alive() and machine.thread_cpu_seconds().get(ids["spin"], 0) < 0.3:
+        time.sleep(0.01)
+    cpu = machine.thread_cpu_seconds()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert 0.28 < cpu[ids["spin"]] < 1.0
+    assert cpu[ids["sleep"]] < 0.05
+    assert machine.thread_cpu_seconds("/nonexistent/task") == {}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="wait channels are read from Linux's /proc")
+def test_thread_wait_channel_names_an_event_loop_wait():
+    import select
+    import threading
+    import time
+    if not hasattr(select, "epoll"):
+        pytest.skip("no epoll on this system")
+    ready, tid = threading.Event(), {}
+
+    def loop():
+        tid["id"] = threading.get_native_id()
+        ep = select.epoll()
+        ready.set()
+        ep.poll(1.0)  # sleeps in the kernel's epoll wait, as Gloo's network thread does
+        ep.close()
+
+    t = threading.Thread(target=loop)
+    t.start()
+    ready.wait()
+    time.sleep(0.2)
+    name = machine.thread_wait_channel(tid["id"])
+    t.join()
+    if name == "":
+        pytest.skip("this kernel does not show wait channels")
+    assert "epoll" in name
+    assert machine.thread_wait_channel(10**9) == ""  # no such thread

@@ -1,0 +1,71 @@
+"""scripts/binder_box.py: the Binder-like box (2 GiB, 2 CPUs) really limits, is cleaned up, and fits notebooks.
+
+Needs root and a cgroup memory controller (Linux); skipped with the reason elsewhere.
+"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import binder_box  # noqa: E402
+
+REASON = binder_box.unavailable_reason()
+needs_box = pytest.mark.skipif(REASON is not None, reason=f"no Binder box here: {REASON}")
+
+
+def _left_behind(name):
+    """The cgroup directories named `name` that still exist (others' boxes may run beside ours)."""
+    return [str(root / name) for root in (binder_box.V1_MEMORY, binder_box.V1_CPUSET, binder_box.V2_ROOT)
+            if (root / name).exists()]
+
+
+def _box_name(stdout):
+    return re.search(r"\((labkit-box-[\d-]+)\)", stdout).group(1)
+
+
+def _run(*args, timeout=900):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "binder_box.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@needs_box
+def test_box_kills_a_process_past_the_limit_and_cleans_up():
+    over = _run("--alloc-test", "3")  # 3 GiB in a 2 GiB box
+    assert over.returncode == 0, over.stdout + over.stderr
+    assert "exit 137 (OOM-killed)" in over.stdout
+    under = _run("--alloc-test", "0.5")  # the same child with 0.5 GiB lives
+    assert under.returncode == 0, under.stdout + under.stderr
+    assert "exit 0" in under.stdout and "allocated 512 MiB" in under.stdout
+    assert _left_behind(_box_name(over.stdout)) == [] and _left_behind(_box_name(under.stdout)) == []
+
+
+@needs_box
+def test_box_context_removes_group_on_error():
+    with pytest.raises(KeyError):
+        with binder_box.Box(256 * 2**20, 1) as box:
+            assert box.pids() == [] and box.dirs
+            raise KeyError("boom")
+    assert _left_behind(box.name) == []
+
+
+def test_bad_input_is_one_line_exit_2():
+    bad = _run("--memory", "2X")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "memory" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    with pytest.raises(ValueError, match="cpus"):
+        binder_box.Box(2 * 2**30, 0)
+
+
+@needs_box
+@pytest.mark.parametrize("notebook", ["00_welcome.ipynb", "01_cnn_basics.ipynb"])
+def test_notebook_fits_in_the_box_quick_profile(notebook):
+    out = _run(f"notebooks/{notebook}", "--profile", "quick", timeout=1200)
+    assert out.returncode == 0, out.stdout + out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith(notebook))
+    peak_mib = float(row.split()[3])
+    assert 0 < peak_mib < 2048, row
+    assert _left_behind(_box_name(out.stdout)) == []

@@ -1,0 +1,82 @@
+"""The shell scripts: they pass shellcheck, survive bash 3.2's `set -u` with empty arrays (macOS's
+/bin/bash), and the Slurm JupyterLab job closes its output file (it holds the token) to other users."""
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("hpc/*.sbatch"), ROOT / "binder/postBuild",
+                  ROOT / "binder/start"])
+
+
+def test_there_are_scripts_to_check():
+    names = {p.name for p in SCRIPTS}
+    assert {"lab.sh", "setup.sh", "build-horovod.sh", "system-deps.sh", "jupyter.sbatch"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_shellcheck_is_clean(script):
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (scripts/system-deps.sh installs it: apt-get install shellcheck)")
+    proc = subprocess.run(["shellcheck", "--shell=bash", "--severity=warning", str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# "${arr[@]}" of an empty array aborts under `set -u` in bash < 4.4 (macOS ships 3.2); ${arr[@]+"${arr[@]}"}
+# does not. Any array expansion in our scripts must use the guarded form.
+UNGUARDED = re.compile(r'(?<!\+)"\$\{(\w+)\[@\]\}"')
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_no_unguarded_array_expansion(script):
+    bad = []
+    for number, line in enumerate(script.read_text().splitlines(), 1):
+        if line.lstrip().startswith("#"):
+            continue
+        for match in UNGUARDED.finditer(line):
+            if f'${{{match[1]}[@]+"${{{match[1]}[@]}}"}}' not in line:
+                bad.append(f"{script.name}:{number}: {line.strip()}")
+    assert not bad, "unguarded array expansion (aborts under set -u in bash 3.2):\n" + "\n".join(bad)
+
+
+# bash >= 4 only: associative arrays, mapfile, case-changing expansions, |&, &>>, namerefs, [[ -v ]]
+BASH4 = re.compile(r"declare -A|\bmapfile\b|\breadarray\b|\$\{\w+(,,|\^\^)|\|&|&>>|local -n|\bcoproc\b|\[\[ -v ")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_no_bash4_only_syntax(script):
+    bad = [f"{script.name}:{n}: {line.strip()}" for n, line in enumerate(script.read_text().splitlines(), 1)
+           if not line.lstrip().startswith("#") and BASH4.search(line)]
+    assert not bad, "bash >= 4 only (macOS's /bin/bash is 3.2):\n" + "\n".join(bad)
+
+
+def test_the_bash4_pattern_is_caught():
+    for line in ['declare -A seen', 'mapfile -t lines < f', 'echo "${name,,}"', 'make |& tee log', 'x &>> log']:
+        assert BASH4.search(line), line
+    assert not BASH4.search('echo "${name:-x}" 2>&1 | tee log')
+
+
+def test_the_unguarded_pattern_is_caught():
+    # the checker above would find the form that breaks bash 3.2, and accept the guarded one
+    assert UNGUARDED.search('exec x "${args[@]}"')
+    line = 'exec x ${args[@]+"${args[@]}"}'
+    assert all(f'${{{m[1]}[@]+"${{{m[1]}[@]}}"}}' in line for m in UNGUARDED.finditer(line))
+
+
+def test_jupyter_job_output_is_readable_by_its_owner_only(tmp_path):
+    out = tmp_path / "labkit-lab-1.out"
+    out.write_text("")
+    out.chmod(0o644)  # as Slurm creates it under a usual login umask
+    env = dict(os.environ, LABKIT_VENV=str(tmp_path / "no-venv"))  # the job stops after closing its output
+    with open(out, "a") as f:
+        proc = subprocess.run(["bash", str(ROOT / "hpc/jupyter.sbatch")], stdout=f, stderr=f, env=env,
+                              cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert "no Python in" in out.read_text()

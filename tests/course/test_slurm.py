@@ -1,0 +1,235 @@
+"""hpc/ templates on a real single-node Slurm: munged, slurmctld and slurmd started here on loopback.
+
+No systemd and nothing outside a temporary directory: the daemons get their own key, socket, ports,
+state and logs, and are stopped by PID at the end. Skips, naming what is missing, where Slurm cannot start.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = str(Path(sys.executable).parent.parent)  # the jobs use the environment running the tests
+SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+COMMANDS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel"]
+
+SLURM_TEMPLATE = ROOT / "scripts" / "slurm.conf.in"  # shared with scripts/vcluster.sh
+
+
+def slurm_conf(d: Path, user: str, cpus: int, ctld_port: int, slurmd_port: int) -> str:
+    """scripts/slurm.conf.in filled in for one node, localhost, on loopback."""
+    fields = {"CLUSTER": "labkit", "CTLD_HOST": "localhost", "CTLD_PORT": ctld_port, "SLURMD_PORT": slurmd_port,
+              "USER": user, "DIR": d}
+    text = re.sub(r"@([A-Z_]+)@", lambda m: str(fields[m[1]]), SLURM_TEMPLATE.read_text())
+    return text + (f"NodeName=localhost CPUs={cpus} State=UNKNOWN\n"
+                   "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP\n")
+
+
+class LoopbackSlurm:
+    """A one-node Slurm cluster in directory d; .env is the environment its clients need."""
+
+    def __init__(self, d: Path):
+        self.d, self.procs = d, []
+        self.env = dict(os.environ, PATH=SBIN_PATH, SLURM_CONF=str(d / "etc/slurm.conf"))
+
+    def log_tail(self, lines=15) -> str:
+        out = []
+        for log in sorted((self.d / "log").glob("*.log")) + [self.d / "munge/munged.log"]:
+            if log.exists():
+                out.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(out)
+
+    def run(self, *cmd, check=True, timeout=30, env=None):
+        res = subprocess.run(cmd, env=env or self.env, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} -> {res.returncode}: {res.stderr.strip()}")
+        return res.stdout.strip()
+
+    def _daemon(self, *cmd):
+        log = open(self.d / "log" / f"{Path(cmd[0]).name}.stdout", "w")
+        proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def _wait(self, what, ready, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before {what}")
+            try:
+                if ready():
+                    return
+            except (subprocess.SubprocessError, RuntimeError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+
+    def start(self):
+        d = self.d
+        for sub in ("munge", "state", "spool", "run", "log", "etc"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o755)  # munged refuses group/world-writable directories on its paths
+        os.chmod(d / "munge", 0o755)
+        user = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+        (d / "etc/slurm.conf").write_text(slurm_conf(d, user, os.cpu_count() or 1, free_port(), free_port()))
+        key = d / "munge/munge.key"
+        self.run("mungekey", "--create", f"--keyfile={key}")
+        self._daemon("munged", "--foreground", f"--key-file={key}", f"--socket={d}/munge/munge.sock",
+                     f"--pid-file={d}/munge/munged.pid", f"--log-file={d}/munge/munged.log",
+                     f"--seed-file={d}/munge/munged.seed")
+        self._wait("munged's socket", lambda: (d / "munge/munge.sock").exists(), 10)
+        self._daemon("slurmctld", "-D")
+        self._wait("slurmctld (scontrol ping)", lambda: "UP" in self.run("scontrol", "ping", check=False), 20)
+        self._daemon("slurmd", "-D", "-N", "localhost")
+        self._wait("the node to be idle", lambda: self.run("sinfo", "-h", "-N", "-o", "%T") == "idle", 30)
+
+    def submit(self, script: str, *options, log: Path, **env) -> tuple[str, Path]:
+        """sbatch an hpc/ template from the repository root with extra environment; (job id, its log file)."""
+        job_id = self.run("sbatch", "--parsable", f"--output={log}", f"--chdir={ROOT}", *options,
+                          str(ROOT / script), env=dict(self.env, **env))
+        return job_id, Path(str(log).replace("%j", job_id))
+
+    def job_fields(self, job_id: str) -> dict:
+        return dict(re.findall(r"(\w+)=(\S*)", self.run("scontrol", "show", "job", "-o", job_id, check=False)))
+
+    def job_state(self, job_id: str) -> str:
+        return self.job_fields(job_id).get("JobState", "")
+
+    def wait_job(self, job_id: str, timeout: float) -> dict:
+        """Poll until the job ends; returns scontrol's fields (JobState, ExitCode, ...)."""
+        deadline = time.time() + timeout
+        while True:
+            fields = self.job_fields(job_id)
+            state = fields.get("JobState", "")
+            if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+                return fields
+            if time.time() > deadline:
+                self.run("scancel", job_id, check=False)
+                raise AssertionError(f"job {job_id} still {state or '?'} after {timeout} s\n{self.log_tail()}")
+            time.sleep(0.3)
+
+    def wait_for_lab(self, job_id: str, log: Path, token: str, line: str, timeout: float = 90):
+        """Poll a jupyter.sbatch job's output until `line` (a regex whose group 1 is the tunnel's port) appears
+        and JupyterLab answers /api/status there with the token, or the job ends; (status, output, match)."""
+        deadline, status, text, match = time.time() + timeout, None, "", None
+        while time.time() < deadline and status != 200:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            match = re.search(line, text)
+            if match:
+                req = urllib.request.Request(f"http://127.0.0.1:{match[1]}/api/status",
+                                             headers={"Authorization": f"token {token}"})
+                try:
+                    with urllib.request.urlopen(req, timeout=5) as resp:
+                        status = resp.status
+                except (urllib.error.URLError, OSError):
+                    pass
+            if status != 200 and self.job_state(job_id) not in ("PENDING", "CONFIGURING", "RUNNING"):
+                break
+            time.sleep(0.5)
+        return status, text, match
+
+    def stop(self):
+        for proc in reversed(self.procs):  # slurmd, slurmctld, munged
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    missing = [c for c in COMMANDS if shutil.which(c, path=SBIN_PATH) is None]
+    if missing:
+        pytest.skip(f"Slurm cannot start: {', '.join(missing)} not installed "
+                    "(scripts/system-deps.sh installs slurmctld slurmd slurm-client munge as root)")
+    # a short path: munged's socket path must fit a sockaddr_un (108 bytes)
+    d = Path(tempfile.mkdtemp(prefix="labkit-slurm-"))
+    cluster = LoopbackSlurm(d)
+    try:
+        try:
+            cluster.start()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+            pytest.skip(f"Slurm cannot start here: {err}\n{cluster.log_tail()}")
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_single_node_template_runs_labkit_scale_with_two_tasks(slurm, tmp_path):
+    """Template (a) on CPU with 2 tasks: labkit scale at 1 and 2 ranks, ranks in sync."""
+    results = tmp_path / "scale.json"
+    job_id, log = slurm.submit("hpc/single_node.sbatch", "--ntasks=2", "--gres=none", log=tmp_path / "job-%j.out",
+                               LABKIT_VENV=VENV, LABKIT_RESULTS=str(results), LABKIT_PROFILE="quick",
+                               LABKIT_STEPS="5", LABKIT_SCALE_ARGS="--repeats 2 --warmup-steps 2")
+    fields = slurm.wait_job(job_id, timeout=240)
+    text = log.read_text(errors="replace") if log.exists() else "(no job output)"
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", \
+        f"job {job_id}: {fields.get('JobState')} exit {fields.get('ExitCode')}\n{text}\n{slurm.log_tail()}"
+    assert fields["NumTasks"] == "2", fields
+    data = json.loads(results.read_text())
+    runs = {run["np"]: run for run in data["runs"]}
+    assert sorted(runs) == [1, 2], f"expected np 1 and 2 from 2 Slurm tasks, got {sorted(runs)}"
+    assert runs[1]["efficiency"] == pytest.approx(1.0)
+    for np_, run in runs.items():
+        assert len(run["checksums"]) == np_
+        assert run["images_per_sec"] > 0
+    # data parallelism keeps the two ranks' weights identical
+    assert runs[2]["checksums"][0] == runs[2]["checksums"][1]
+    assert "results in " + str(results) in text
+
+
+def test_jupyter_template_serves_lab_and_prints_the_tunnel(slurm, tmp_path, isolated_home):
+    """Template (c): JupyterLab answers on the port named in the printed `ssh -L` line, with the token."""
+    token = "labkit-slurm-" + os.urandom(8).hex()
+    home = {k: v for k, v in os.environ.items() if k.startswith(("JUPYTER_", "IPYTHON")) or k == "HOME"}
+    job_id, log = slurm.submit("hpc/jupyter.sbatch", "--gres=none", "--cpus-per-task=1", log=tmp_path / "lab-%j.out",
+                               JUPYTER_TOKEN=token, LABKIT_VENV=VENV, LABKIT_LOGIN_HOST="login.example.org",
+                               USER="student", **home)
+    try:
+        status, text, match = slurm.wait_for_lab(
+            job_id, log, token, r"ssh -N -L (\d+):127\.0\.0\.1:(\d+) -J student@login\.example\.org student@(\S+)")
+        assert match, f"no ssh -L line in the job output:\n{text}\n{slurm.log_tail()}"
+        assert match[1] == match[2]
+        assert match[3] == socket.gethostname().split(".")[0]
+        assert f"http://127.0.0.1:{match[1]}/lab?token={token}" in text
+        assert status == 200, f"JupyterLab did not answer on port {match[1]}:\n{text}"
+    finally:
+        slurm.run("scancel", job_id, check=False)
+    fields = slurm.wait_job(job_id, timeout=30)
+    assert fields["JobState"] == "CANCELLED", fields
+
+
+def test_multi_node_template_launches_horovod_over_the_allocation(slurm, tmp_path):
+    """Template (b) on one node x 2 tasks: horovodrun gets its hosts from Slurm; ranks end in sync."""
+    out = tmp_path / "hvd"
+    job_id, log = slurm.submit("hpc/multi_node.sbatch", "--nodes=1", "--ntasks-per-node=2", "--gres=none",
+                               log=tmp_path / "job-%j.out", LABKIT_VENV=VENV, LABKIT_RESULTS=str(out),
+                               LABKIT_STEPS="3", LABKIT_PROFILE="quick")
+    fields = slurm.wait_job(job_id, timeout=180)
+    text = log.read_text(errors="replace") if log.exists() else "(no job output)"
+    assert fields["JobState"] == "COMPLETED", f"{fields.get('JobState')} {fields.get('ExitCode')}\n{text}"
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["size"] for r in ranks] == [2, 2]
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    total = ranks[0]["images_per_sec"] + ranks[1]["images_per_sec"]
+    assert f"{total:.1f} images/s in total" in text
+    assert "2 ranks on 1 node(s)" in text and "all ranks hold the same weights" in text

@@ -1,0 +1,288 @@
+"""labkit.scale.launch: command lines, hosts and slots, the failing rank, and real Horovod launches.
+
+The launches (marked horovod + slow) start horovodrun with Gloo on this machine: a crashed rank, a hung
+rank and an interrupted launch, each of which must leave no process behind.
+"""
+import time
+import uuid
+
+import psutil
+import pytest
+
+from labkit.scale import launch, scaling
+
+needs_horovod = pytest.mark.skipif(launch.horovodrun_path() is None, reason="horovodrun not installed")
+TINY = dict(batch_size=16, steps=3, repeats=2, warmup_steps=1, num_examples=256)
+
+
+def test_build_command_for_each_launcher(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    cmd = launch.build_command(2, ["--steps", "3"], launcher="gloo")
+    assert cmd[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
+    assert cmd[-4:] == ["-m", "labkit.scale.hvd_train", "--steps", "3"]
+    assert "--mpi" in launch.build_command(2, launcher="mpi")
+    assert launch.build_command(3, launcher="srun")[:3] == ["srun", "--ntasks", "3"]
+    with pytest.raises(ValueError, match="launcher"):
+        launch.build_command(2, launcher="ssh")
+    with pytest.raises(ValueError, match="np must be"):
+        launch.build_command(0)
+
+
+def test_slurm_allocation_gives_the_hosts():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nodeA,nodeB", "SLURM_NTASKS_PER_NODE": "4"}
+    assert launch.slurm_hosts(env) == ["nodeA:4", "nodeB:4"]
+    assert launch.slurm_hosts({}) == []
+    env2 = {"SLURM_JOB_ID": "8", "SLURM_JOB_NODELIST": "n1,n2", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert launch.slurm_hosts(env2) == ["n1:2", "n2:2"]
+    cmd = launch.build_command(8, launcher="auto", env=env)
+    assert cmd[cmd.index("-H") + 1] == "nodeA:4,nodeB:4"
+
+
+def _leftovers(marker, token):
+    """Processes of one launch still alive: by the launch's marker, and independently by command line."""
+    by_marker = launch.marked_processes(marker)
+    by_cmdline = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and token in " ".join(p.info["cmdline"] or []):
+                by_cmdline.append(p)
+        except psutil.Error:
+            pass
+    return by_marker + by_cmdline
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_crashed_rank_gives_its_traceback_and_leaves_no_process(tmp_path):
+    marker = uuid.uuid4().hex
+    args = scaling.train_args(**TINY, extra=["--fail-rank", "1", "--fault-at-step", "1"])
+    with pytest.raises(launch.HorovodRunError) as e:
+        launch.launch(2, args, timeout=240, progress=False, out_dir=tmp_path, marker=marker)
+    assert e.value.rank == 1 and not e.value.timed_out
+    assert "injected failure on rank 1" in str(e.value)
+    assert _leftovers(marker, str(tmp_path)) == []
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_hung_rank_is_killed_at_the_timeout_with_no_orphans(tmp_path):
+    marker = uuid.uuid4().hex
+    args = scaling.train_args(**{**TINY, "warmup_steps": 0}, extra=["--hang-rank", "0", "--fault-at-step", "0"])
+    timeout = 20
+    t0 = time.perf_counter()
+    with pytest.raises(launch.HorovodRunError) as e:
+        launch.launch(2, args, timeout=timeout, progress=False, out_dir=tmp_path, marker=marker)
+    assert time.perf_counter() - t0 < timeout + 15
+    assert e.value.timed_out and "timeout=20" in str(e.value)
+    assert _leftovers(marker, str(tmp_path)) == []
+
+
+def test_failing_rank_is_the_cause_not_the_victim():
+    tails = {0: ["Traceback (most recent call last):", "tensorflow.errors.UnknownError: Horovod has been shut down",
+                 "[[{{node DistributedSGD_Allreduce/HorovodAllreduce_grads_0}}]]"],
+             1: ["Traceback (most recent call last):", "RuntimeError: injected failure on rank 1"]}
+    # Horovod names whichever exit it noticed first (here rank 0); the root cause is rank 1
+    assert launch._failing_rank(["Process name: 0", "Exit code: 1"], tails) == 1
+    assert launch._failing_rank(["Process name: 3"], {}) == 3
+    assert launch._failing_rank([], {}) is None
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_interrupt_kills_every_rank(tmp_path):
+    """The notebook's stop button is a KeyboardInterrupt in the loop that streams progress."""
+    marker = uuid.uuid4().hex
+
+    def stop_button(info):
+        raise KeyboardInterrupt
+
+    args = scaling.train_args(**{**TINY, "steps": 2, "repeats": 50}, extra=["--progress-every", "1"])
+    with pytest.raises(KeyboardInterrupt):
+        launch.launch(2, args, timeout=240, progress=stop_button, out_dir=tmp_path, marker=marker)
+    assert _leftovers(marker, str(tmp_path)) == []
+
+
+def test_missing_horovod_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(launch, "horovodrun_path", lambda: None)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(FileNotFoundError, match="make setup"):
+        launch.build_command(2, launcher="gloo")
+    assert launch.build_command(2, launcher="srun")[0] == "srun"  # srun needs no horovodrun
+
+
+def test_take_slots_hands_horovodrun_exactly_np_slots():
+    # horovodrun --gloo starts a rank in every slot it is given: np=1 on a 2-slot node must get node:1
+    assert launch.take_slots(["node1:2"], 1) == ["node1:1"]
+    assert launch.take_slots(["node1:2", "node2:2"], 3) == ["node1:2", "node2:1"]
+    assert launch.take_slots(["node1:4"], 4) == ["node1:4"]
+    assert launch.take_slots(["node1"], 1) == ["node1:1"]
+    with pytest.raises(ValueError, match="np=5"):
+        launch.take_slots(["node1:2", "node2:2"], 5)
+
+
+# ---------------------------------------------------------------- hosts, environment, bad input
+
+def test_hosts_use_horovodruns_syntax_and_bad_entries_name_the_parameter():
+    assert launch.parse_hosts("node1:1,node2:2") == ["node1:1", "node2:2"]
+    cmd = launch.build_command(2, launcher="gloo", hosts="node1:1,node2:1")
+    assert cmd[1:5] == ["-np", "2", "-H", "node1:1,node2:1"]
+    with pytest.raises(ValueError, match="hosts cannot be given with launcher='srun'"):
+        launch.build_command(2, launcher="srun", hosts="node1:1,node2:1")
+    for bad in (["a:x"], ["a:0"], [":2"], ["a:-1"], "node1:1,,node2:1", []):
+        with pytest.raises(ValueError, match="hosts must"):
+            launch.take_slots(bad, 1)
+
+
+def test_child_env_is_an_allow_list():
+    base = {"PATH": "/usr/bin", "HOME": "/h", "LC_ALL": "C", "SLURM_JOB_ID": "7", "OMP_NUM_THREADS": "1",
+            "HOROVOD_FUSION_THRESHOLD": "0", "LABKIT_PROFILE": "quick", "TMPDIR": "/t",
+            "JUPYTER_TOKEN": "secret-xyz", "FOO_SECRET": "s", "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "g",
+            "LABKIT_API_KEY": "k2", "HTTPS_PROXY": "http://user:pw@proxy", "JPY_SESSION_NAME": "x"}
+    env = launch.child_env({"EXTRA": "1"}, marker="m", base=base)
+    assert {"PATH", "HOME", "LC_ALL", "SLURM_JOB_ID", "OMP_NUM_THREADS", "HOROVOD_FUSION_THRESHOLD",
+            "LABKIT_PROFILE", "TMPDIR", "EXTRA"} <= set(env)
+    assert env[launch.MARKER_ENV] == "m"
+    for leaked in ("JUPYTER_TOKEN", "FOO_SECRET", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "LABKIT_API_KEY",
+                   "HTTPS_PROXY", "JPY_SESSION_NAME"):
+        assert leaked not in env
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 0, -1])
+def test_launch_rejects_a_bad_timeout_before_anything_starts(timeout, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(ValueError, match="timeout must be"):
+        launch.launch(1, timeout=timeout)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- no secret reaches a rank; no orphan, ever
+
+def _sample_processes(stop, seen, secrets):
+    """Until stop is set: every process's command line, and the environment of the launch's ranks."""
+    while not stop.is_set():
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                cmd = "\0".join(p.info["cmdline"] or [])
+                if "labkit.scale.hvd_train" in cmd and launch.MARKER_ENV in p.environ():
+                    seen["ranks"] += 1
+                    seen["leaks"] += [s for s in secrets if s in "\0".join(p.environ().values())]
+                seen["leaks"] += [s for s in secrets if s in cmd]
+            except (psutil.Error, OSError):
+                pass
+        time.sleep(0.05)
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_no_secret_reaches_a_rank_and_the_temp_dir_goes(tmp_path, monkeypatch):
+    secrets = ["secret-xyz", "foo-secret-value-42"]
+    monkeypatch.setenv("JUPYTER_TOKEN", secrets[0])
+    monkeypatch.setenv("FOO_SECRET", secrets[1])
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import threading
+    stop, seen = threading.Event(), {"ranks": 0, "leaks": []}
+    sampler = threading.Thread(target=_sample_processes, args=(stop, seen, secrets), daemon=True)
+    sampler.start()
+    try:
+        ranks = launch.launch(1, scaling.train_args(**{**TINY, "repeats": 3}), timeout=240, progress=False)
+        with pytest.raises(launch.HorovodRunError):  # and a failed launch removes its folder too
+            launch.launch(1, scaling.train_args(**TINY, extra=["--fail-rank", "0", "--fault-at-step", "0"]),
+                          timeout=240, progress=False)
+    finally:
+        stop.set()
+        sampler.join()
+    assert ranks[0]["rank"] == 0
+    assert seen["ranks"] > 0, "the sampler never saw the rank: the test proves nothing"
+    assert seen["leaks"] == []
+    assert list(tmp_path.glob("labkit-scale-*")) == []
+
+
+def _marker_of(pid, deadline_s=60):
+    """The launch marker in the environment of pid's descendants (horovodrun and the ranks)."""
+    end = time.time() + deadline_s
+    while time.time() < end:
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                marker = child.environ().get(launch.MARKER_ENV)
+            except psutil.Error:
+                continue
+            if marker:
+                return marker
+        time.sleep(0.2)
+    raise AssertionError("no marked process under the launcher")
+
+
+def _count_after(marker, seconds=4.0):
+    time.sleep(seconds)
+    return len(launch.marked_processes(marker))
+
+
+LONG_RUN = ["--np", "2", "--batch-size", "16", "--steps", "2", "--repeats", "200", "--warmup-steps", "1",
+            "--timeout", "300"]
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGKILL", -9)])
+def test_killing_labkit_scale_mid_run_leaves_no_process(sig, code, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "labkit", "scale", *LONG_RUN], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        marker = _marker_of(proc.pid)
+        for line in proc.stdout:  # mid-run: both ranks are training
+            if "step" in line:
+                break
+        assert launch.marked_processes(marker), "nothing was running"
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=30) == code
+        left = _count_after(marker)
+        print(f"{sig}: {left} processes with the run's marker after 4 s")
+        assert left == 0
+        assert list(tmp_path.glob("labkit-scale-*")) == []
+        if sig == "SIGTERM":
+            err = proc.stderr.read()
+            assert "stopped by signal" in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_restarting_the_jupyter_kernel_mid_run_leaves_no_process(tmp_path):
+    import os
+    from jupyter_client import KernelManager
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env={**os.environ, "TMPDIR": str(tmp_path)})
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        kc.execute("from labkit import scaling\n"
+                   "scaling.run(2, batch_size=16, steps=2, repeats=200, warmup_steps=1, timeout=300)")
+        marker = _marker_of(km.provisioner.process.pid, deadline_s=120)
+        end = time.time() + 120
+        while time.time() < end:  # mid-run: wait for rank 0's first progress line in the cell's output
+            msg = kc.get_iopub_msg(timeout=120)
+            if msg["msg_type"] == "stream" and "step" in msg["content"]["text"]:
+                break
+        assert launch.marked_processes(marker), "nothing was running"
+        km.restart_kernel(now=True)
+        left = _count_after(marker)
+        print(f"kernel restart: {left} processes with the run's marker after 4 s")
+        assert left == 0
+        assert list(tmp_path.glob("labkit-scale-*")) == []
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -1,0 +1,222 @@
+"""labkit.scale.probe (the machine's parallel limit) and labkit.scale.localscale (scaling on one machine, taken apart)."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from labkit.scale import localscale, probe, scaling
+
+
+def test_gemm_probe_one_process_counts_real_flops():
+    one = probe.gemm_probe(1, seconds=0.3, n=128)
+    assert one["processes"] == 1 and one["speedup"] == pytest.approx(1.0)
+    # a single-thread float32 GEMM on any CPU of this century: between 0.1 and 1000 GFLOP/s
+    assert 0.1 < one["gflops_total"] < 1000
+
+
+def test_gemm_probe_against_a_given_base():
+    two = probe.gemm_probe(2, seconds=0.3, n=128, base=1.0)
+    assert len(two["gflops_each"]) == 2
+    assert two["speedup"] == pytest.approx(sum(two["gflops_each"]))
+    assert two["efficiency"] == pytest.approx(two["speedup"] / 2)
+
+
+@pytest.mark.parametrize("kw, word", [({"processes": 0}, "processes"), ({"processes": 1, "seconds": 0}, "seconds"),
+                                      ({"processes": 1, "n": 4}, "n must")])
+def test_probe_bad_input_names_the_parameter(kw, word):
+    with pytest.raises(ValueError, match=word):
+        probe.gemm_rates(**kw)
+
+
+def _fake_run(step_ms):
+    """scaling.run stand-in: step_ms(np, sync, batch) -> step time; images/s from it, one row per np."""
+    def run(nps, *, sync=True, batch_size=64, extra=(), **kw):
+        rows = []
+        for n in nps:
+            # hvd_train --barrier: no gradient exchange, but a 4-byte allreduce per step
+            kind = "barrier" if "--barrier" in extra else "one_group" if "--num-groups" in extra else sync
+            t = step_ms(n, kind, batch_size) / 1e3
+            rows.append({"np": n, "batch_size": batch_size, "global_batch_size": n * batch_size,
+                         "images_per_sec": n * batch_size / t, "images_per_sec_std": 0.0, "step_time_s": t,
+                         "cpu_step_time_s": 0.9 * t, "in_sync": sync or n == 1, "ranks": [{}] * n})
+        return scaling.efficiency(pd.DataFrame(rows))
+    return run
+
+
+def test_decompose_takes_the_three_curves_apart(monkeypatch):
+    # compute 10 ms alone, 12 ms when two share the chip; the exchange adds 5 ms; GEMMs keep 0.95
+    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: (10 if n == 1 else 12) + (5 if sync and n > 1 else 0)))
+    monkeypatch.setattr(probe, "gemm_probe", lambda n, seconds, base=None: {
+        "gflops_total": 100.0 * n * (1 if n == 1 else 0.95), "speedup": n * (1 if n == 1 else 0.95),
+        "efficiency": 1 if n == 1 else 0.95})
+    table, hvd, free = localscale.decompose([2], steps=3)
+    assert list(table.workers) == [1, 2]  # one worker is always measured: the baseline
+    row = table.set_index("workers").loc[2]
+    assert row.no_sync_efficiency == pytest.approx(10 / 12)
+    assert row.horovod_efficiency == pytest.approx(10 / 17)
+    assert row.horovod_vs_machine == pytest.approx(10 / 17 / 0.95)
+    assert bool(row.in_sync) and not free.set_index("np").loc[2, "in_sync"]
+
+
+def test_exchange_cost_is_the_step_time_difference(monkeypatch):
+    # compute b/6.4 ms; the barrier alone adds 1 ms, the gradients 6 ms, as one group 3 ms; tf.distribute 2 ms
+    extra = {False: 0, "barrier": 1, True: 6, "one_group": 3}
+    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: b / 6.4 + extra[sync]))
+    calls = []
+
+    def fake_tfdist(np_, *, model, batch_size, steps, timeout):
+        calls.append((np_, model, batch_size, steps))
+        return [{"median_step_s": (batch_size / 6.4 + 2 + i) / 1e3, "cpu_step_time_s": 0.5e-3 * (i + 1),
+                 "checksum_trainable": "same"} for i in range(np_)]
+    from labkit.scale import tfdist_train
+    monkeypatch.setattr(tfdist_train, "run_local", fake_tfdist)
+    cost = localscale.exchange_cost([64, 256], variants=localscale.EXCHANGE_VARIANTS, steps=5, repeats=2)
+    assert cost.exchange_ms.tolist() == pytest.approx([6, 6])
+    assert cost.horovod_ms.tolist() == pytest.approx([6, 6])
+    assert cost.barrier_ms.tolist() == pytest.approx([1, 1])
+    assert cost.one_group_ms.tolist() == pytest.approx([3, 3])
+    assert cost.tf_distribute_ms.tolist() == pytest.approx([3, 3])  # a synchronous step waits for the slower worker
+    assert cost.tf_distribute_cpu_ms.tolist() == pytest.approx([1.0, 1.0])  # the median of the two workers' (2 of them)
+    assert cost.horovod_cpu_ms.tolist() == pytest.approx([0.9 * 16, 0.9 * 46])
+    assert cost.horovod_vs_no_sync.tolist() == pytest.approx([10 / 16, 40 / 46])
+    assert cost.one_group_vs_no_sync.tolist() == pytest.approx([10 / 13, 40 / 43])
+    assert cost.tf_distribute_in_sync.all() and cost.horovod_in_sync.all() and "barrier_in_sync" not in cost
+    assert calls == [(2, "small_cnn", 64, 10), (2, "small_cnn", 256, 10)]  # as many timed steps as Horovod's
+    assert "vs_best_no_sync" not in cost  # one setting at several batches: no fastest baseline to compare
+    plain = localscale.exchange_cost([64])
+    assert "barrier_ms" not in plain.columns and "tf_distribute_ms" not in plain.columns  # two launches by default
+
+
+@pytest.mark.parametrize("call, word", [
+    (lambda: localscale.decompose([0]), "workers"),
+    (lambda: localscale.decompose([2], threads=2), "threads"),
+    (lambda: localscale.exchange_cost([]), "batches"),
+    (lambda: localscale.exchange_cost([64], np_=1), "np_"),
+    (lambda: localscale.exchange_cost([64], variants=["nccl"]), "variants"),
+])
+def test_bad_input_names_the_parameter(call, word):
+    with pytest.raises(ValueError, match=word):
+        call()
+
+
+def test_exchange_cost_reports_the_communication_threads(monkeypatch):
+    # workers report their threads: Gloo's network thread takes 0.5 ms per step idle, 3 and 5 ms with the exchange
+    def run(nps, *, sync=True, batch_size=64, extra=(), **kw):
+        gloo = [3.0, 5.0] if sync else [0.5, 0.5]
+        ranks = [{"thread_cpu_ms_per_step": {"training": 9.0, "horovod_background": 0.4 + sync * 0.2,
+                                             "gloo_network": g}} for g in gloo]
+        return pd.DataFrame([{"np": 2, "step_time_s": 0.012 if sync else 0.009, "cpu_step_time_s": 0.01,
+                              "in_sync": sync, "ranks": ranks}])
+    monkeypatch.setattr(scaling, "run", run)
+    cost = localscale.exchange_cost([64]).iloc[0]
+    assert cost.no_sync_gloo_cpu_ms == pytest.approx(0.5) and cost.horovod_gloo_cpu_ms == pytest.approx(4.0)
+    assert cost.no_sync_hvd_thread_cpu_ms == pytest.approx(0.4) and cost.horovod_hvd_thread_cpu_ms == pytest.approx(0.6)
+    # a worker whose kernel hid the split: no columns rather than a made-up number
+    monkeypatch.setattr(scaling, "run", lambda nps, **kw: pd.DataFrame([{
+        "np": 2, "step_time_s": 0.01, "cpu_step_time_s": 0.01, "in_sync": True,
+        "ranks": [{"thread_cpu_ms_per_step": {"training": 9.0, "communication": 1.0}}] * 2}]))
+    assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
+    # a worker without the report (no /proc): no columns rather than a made-up number
+    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: 10.0))
+    assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
+
+
+def _fake_controller_run(step_ms, calls):
+    """scaling.run stand-in for controller_cost: step_ms(launcher, env, sync, round) -> ms; records each call."""
+    def run(nps, *, sync=True, batch_size=64, launcher="auto", env_extra=None, **kw):
+        r = sum(1 for c in calls if c[:3] == (launcher, tuple(sorted(env_extra.items())), sync))
+        calls.append((launcher, tuple(sorted(env_extra.items())), sync))
+        t = step_ms(launcher, env_extra, sync, r) / 1e3
+        ranks = [{"controller": launcher, "tuning": dict(env_extra),
+                  "thread_cpu_ms_per_step": {"training": 9.0, "horovod_background": 1.0 + sync + i}} for i in range(2)]
+        return pd.DataFrame([{"np": nps[0], "step_time_s": t, "cpu_step_time_s": 0.8 * t, "in_sync": sync,
+                              "ranks": ranks}])
+    return run
+
+
+def test_controller_cost_interleaves_the_settings_and_takes_medians(monkeypatch):
+    monkeypatch.setattr(localscale, "mpi_available", lambda: True)
+    calls = []
+    # no exchange 9 ms under Gloo, 10 under MPI; Gloo's exchange 14 ms; MPI's 10, 11 and then 30 ms (a busy spell)
+    mpi = [10.0, 11.0, 30.0]
+    monkeypatch.setattr(scaling, "run", _fake_controller_run(
+        lambda launcher, env, sync, r: (9.0 if launcher == "gloo" else 10.0) if not sync
+        else 14.0 if launcher == "gloo" else mpi[r], calls))
+    settings = [("Gloo", "gloo", {}), ("MPI, tuned", "mpi", {"HOROVOD_CYCLE_TIME": "0.2"})]
+    cost = localscale.controller_cost(64, settings=settings, rounds=3, steps=5)
+    gloo, tuned = (), (("HOROVOD_CYCLE_TIME", "0.2"),)
+    # every round runs every setting, without and then with the exchange
+    assert calls == [("gloo", gloo, False), ("gloo", gloo, True), ("mpi", tuned, False), ("mpi", tuned, True)] * 3
+    row = cost.set_index("label").loc["MPI, tuned"]
+    assert row.horovod_step_ms == pytest.approx(11.0)  # the median of 10, 11, 30: the busy spell does not count
+    assert row.vs_no_sync == pytest.approx(10 / 11)
+    assert row.vs_best_no_sync == pytest.approx(9 / 11)  # against Gloo's faster run without exchange
+    assert row.horovod_cpu_ms == pytest.approx(0.8 * 11)
+    assert row.horovod_hvd_thread_cpu_ms == pytest.approx(2.5) and row.no_sync_hvd_thread_cpu_ms == pytest.approx(1.5)
+    assert row.settings == "HOROVOD_CYCLE_TIME=0.2" and row.workers_saw == {"HOROVOD_CYCLE_TIME": "0.2"}
+    assert row.controller == "mpi" and bool(row.in_sync) and row.horovod_all_step_ms == [10.0, 11.0, 30.0]
+    assert cost.set_index("label").loc["Gloo"].vs_no_sync == pytest.approx(9 / 14)
+    assert cost.set_index("label").loc["Gloo"].vs_best_no_sync == pytest.approx(9 / 14)
+    assert cost.set_index("label").loc["Gloo"].settings == "defaults"
+
+
+@pytest.mark.parametrize("kw, word", [
+    ({"batch": 0}, "batch"), ({"np_": 1}, "np_"), ({"rounds": 0}, "rounds"), ({"settings": []}, "settings"),
+    ({"settings": [("x", "nccl", {})]}, "settings"), ({"settings": [("x", "mpi", {"HOROVOD_CYCLE_TIME": 0.2})]}, "settings"),
+    ({"model": "nope"}, "model"),
+])
+def test_controller_cost_bad_input_names_the_parameter(kw, word, monkeypatch):
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch on bad input"))
+    with pytest.raises(ValueError, match=word):
+        localscale.controller_cost(**kw)
+
+
+def test_controller_cost_without_mpi_says_so_before_any_launch(monkeypatch):
+    monkeypatch.setattr(localscale, "mpi_available", lambda: False)
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch without MPI"))
+    with pytest.raises(RuntimeError, match="Open MPI"):
+        localscale.controller_cost(64)
+
+
+def test_controller_cost_runs_both_controllers_for_real():
+    """Two workers under Gloo and under MPI with tuned settings: the workers report the controller the
+    launcher chose and the settings it passed, and end in sync."""
+    pytest.importorskip("horovod.tensorflow")
+    if not localscale.mpi_available():
+        pytest.skip("Horovod here was built without MPI, or no mpirun (Open MPI) is on PATH")
+    settings = [localscale.CONTROLLERS[0], localscale.CONTROLLERS[-1]]
+    cost = localscale.controller_cost(16, settings=settings, rounds=1, steps=5, repeats=1, warmup_steps=2)
+    assert cost.controller.tolist() == ["gloo", "mpi"]
+    assert cost.workers_saw.tolist() == [{}, {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "0.1"}]
+    assert cost.in_sync.all() and (cost.horovod_step_ms > 0).all() and (cost.no_sync_step_ms > 0).all()
+
+
+def test_controller_results_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setattr(localscale, "open_mpi_version", lambda: "Open MPI 9.9")
+    cost = pd.DataFrame([{"label": "Gloo", "vs_no_sync": 0.66, "in_sync": True, "workers_saw": {},
+                          "horovod_all_step_ms": [14.0, 15.0]}])
+    doc = localscale.controller_results(cost, model="small_cnn", batch_per_worker=64)
+    path = tmp_path / "controllers.json"
+    path.write_text(__import__("json").dumps(doc))
+    back = localscale.load_controller_results(path)
+    assert back["mpi"] == "Open MPI 9.9" and back["model"] == "small_cnn" and back["cores"] >= 1
+    assert pd.DataFrame(back["rows"]).to_dict("records") == cost.to_dict("records")
+
+
+@pytest.mark.parametrize("argv, word", [(["--rounds", "0"], "--rounds"), (["--batch-size", "0"], "--batch-size"),
+                                        (["--model", "nope"], "model")])
+def test_controller_cli_bad_input_says_which_before_any_launch(argv, word, monkeypatch, capsys):
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch on bad input"))
+    assert localscale.main(argv + ["--out", "/nonexistent/x.json"]) == 2
+    assert word in capsys.readouterr().err
+
+
+def test_the_committed_controller_measurement_is_complete():
+    """The measurement 04 shows where MPI is missing: every setting of CONTROLLERS, workers in sync."""
+    doc = localscale.load_controller_results()
+    rows = pd.DataFrame(doc["rows"]).set_index("label")
+    assert list(rows.index) == [label for label, _, _ in localscale.CONTROLLERS]
+    assert rows.in_sync.all() and rows.controller.tolist() == [c for _, c, _ in localscale.CONTROLLERS]
+    for label, _, env in localscale.CONTROLLERS:
+        assert rows.loc[label, "workers_saw"] == env  # the workers ran with the settings the table names
+    assert doc["mpi"].startswith("Open MPI") and doc["horovod"] == "0.28.1"

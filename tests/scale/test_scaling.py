@@ -1,0 +1,194 @@
+"""labkit.scale.scaling: bookkeeping (summaries, efficiency, the JSON contract), the CLI, and real 2-rank runs.
+
+The launches (marked horovod + slow) start horovodrun with Gloo on this machine: a 2-rank run whose
+ranks end with equal weight checksums, and the control without DistributedOptimizer whose ranks drift.
+"""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from labkit.scale import scaling
+from labkit.scale.launch import horovodrun_path
+
+needs_horovod = pytest.mark.skipif(horovodrun_path() is None, reason="horovodrun not installed")
+TINY = dict(batch_size=16, steps=3, repeats=2, warmup_steps=1, num_examples=256)
+
+
+def test_efficiency_from_throughput():
+    df = pd.DataFrame({"np": [1, 2, 4], "images_per_sec": [100.0, 180.0, 300.0]})
+    out = scaling.efficiency(df)
+    assert list(out["speedup"]) == pytest.approx([1.0, 1.8, 3.0])
+    assert list(out["efficiency"]) == pytest.approx([1.0, 0.9, 0.75])
+    with pytest.raises(ValueError, match="base_np"):
+        scaling.efficiency(df, base_np=3)
+
+
+def _fake_rank(rank, size, ips, checksum):
+    return {"rank": rank, "size": size, "batch_size": 8, "global_batch_size": 8 * size,
+            "images_per_sec_repeats": ips, "step_time_s": 0.1, "final_loss": 1.0, "checksum": checksum,
+            "threads": 1, "model": "small_cnn", "data": "synthetic", "sync": True}
+
+
+def test_summarize_sums_ranks_per_repeat_and_checks_sync():
+    row = scaling.summarize([_fake_rank(0, 2, [10.0, 12.0], "a"), _fake_rank(1, 2, [11.0, 13.0], "a")])
+    assert row["images_per_sec"] == pytest.approx(23.0)  # (21 + 25) / 2
+    assert row["images_per_sec_std"] == pytest.approx(np.std([21.0, 25.0], ddof=1))
+    assert row["in_sync"]
+    assert not scaling.summarize([_fake_rank(0, 2, [1.0], "a"), _fake_rank(1, 2, [1.0], "b")])["in_sync"]
+
+
+def test_to_json_follows_the_design_contract():
+    rows = [scaling.summarize([_fake_rank(0, 1, [10.0, 10.0], "x")]),
+            scaling.summarize([_fake_rank(0, 2, [9.0, 9.0], "y"), _fake_rank(1, 2, [9.0, 9.0], "y")])]
+    doc = scaling.to_json(scaling.efficiency(pd.DataFrame(rows)), model="small_cnn")
+    assert [r["np"] for r in doc["runs"]] == [1, 2]
+    assert doc["runs"][0]["efficiency"] == 1.0
+    assert doc["runs"][1]["efficiency"] == pytest.approx(0.9)
+    assert doc["runs"][1]["checksums"] == ["y", "y"] and doc["all_in_sync"]
+    json.dumps(doc)  # plain JSON types only
+
+
+def test_run_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="np must be"):
+        scaling.run([0])
+    with pytest.raises(ValueError, match="scaling must be"):
+        scaling.run([1], scaling="diagonal")
+    with pytest.raises(ValueError, match="divisible"):
+        scaling.run([1, 3], scaling="strong", batch_size=64)
+
+
+def test_cli_help_and_bad_np(capsys):
+    with pytest.raises(SystemExit) as e:
+        scaling.cli_main(["--help"])
+    assert e.value.code == 0
+    assert "--np" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        scaling.cli_main(["--np", "1,zero"])
+    assert e.value.code == 2
+    assert "--np" in capsys.readouterr().err
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_cli_two_rank_gloo_run_ends_with_equal_checksums(tmp_path):
+    out = tmp_path / "scale.json"
+    rc = scaling.cli_main(["--np", "2", "--batch-size", "16", "--steps", "3", "--repeats", "2",
+                           "--warmup-steps", "1", "--json", str(out), "--quiet", "--timeout", "240"])
+    doc = json.loads(out.read_text())
+    assert rc == 0
+    runs = {r["np"]: r for r in doc["runs"]}
+    assert sorted(runs) == [2]
+    assert len(runs[2]["checksums"]) == 2 and runs[2]["checksums"][0] == runs[2]["checksums"][1]
+    assert runs[2]["global_batch_size"] == 32 and all(r["images_per_sec"] > 0 for r in runs.values())
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_without_distributed_optimizer_the_ranks_drift(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    df = scaling.run(2, sync=False, progress=False, timeout=240, scale_lr=True, lr_warmup_steps=2, lr=0.01,
+                     extra=["--checkpoint-dir", str(ckpt)], **TINY)
+    ranks = df["ranks"].iloc[0]
+    assert not df["in_sync"].iloc[0]
+    assert ranks[0]["checksum"] != ranks[1]["checksum"]
+    # each rank trained on its own half of the data (never the whole set twice)
+    assert ranks[0]["examples_this_rank"] + ranks[1]["examples_this_rank"] == ranks[0]["examples_total"]
+    # linear scaling rule with warmup: lr x 2 once the warmup is over
+    assert ranks[0]["lr_final"] == pytest.approx(0.02)
+    # rank 0 alone writes the checkpoint and the log: one line per progress report, not two
+    assert (ckpt / "weights.h5").is_file()
+    lines = (ckpt / "log.jsonl").read_text().splitlines()
+    assert len(lines) == TINY["repeats"] and json.loads(lines[-1])["step"] == TINY["steps"] * TINY["repeats"]
+
+
+def test_p10_and_cpu_efficiency_are_per_image_ratios():
+    # strong scaling: np=2 halves the per-rank batch; equal time per image means efficiency 1
+    df = pd.DataFrame({"np": [1, 2], "images_per_sec": [100.0, 150.0], "batch_size": [64, 32],
+                       "step_time_p10_s": [0.64, 0.40], "cpu_step_time_s": [0.60, 0.30]})
+    out = scaling.efficiency(df)
+    assert list(out["p10_efficiency"]) == pytest.approx([1.0, 0.8])   # 10 ms/image vs 12.5 ms/image
+    assert list(out["cpu_efficiency"]) == pytest.approx([1.0, 1.0])
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, nothing launched
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    calls = []
+    monkeypatch.setattr(scaling, "launch", lambda *a, **k: calls.append((a, k)) or pytest.fail("launched"))
+    return calls
+
+
+@pytest.mark.parametrize("args, name", [
+    (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"), (["--timeout", "0"], "--timeout"),
+    (["--timeout", "-5"], "--timeout"), (["--threads", "0"], "--threads"), (["--np", "0"], "--np"),
+    (["--np", "1,x"], "--np"), (["--np", "1.5"], "--np"), (["--hosts", "a:x"], "hosts"),
+    (["--hosts", "a:0"], "hosts"), (["--np", "3", "--hosts", "a:1,b:1"], "np=3"),
+    (["--batch-size", "0"], "--batch-size"), (["--warmup-steps", "-1"], "--warmup-steps"),
+])
+def test_cli_rejects_bad_input_in_one_line(args, name, capsys, no_launch):
+    with pytest.raises(SystemExit) as e:
+        scaling.cli_main(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and name in err and "Traceback" not in err
+    assert no_launch == []
+
+
+def test_cli_checks_the_json_path_and_the_profile_first(tmp_path, capsys, monkeypatch, no_launch):
+    for path, says in ((tmp_path / "missing" / "out.json", "does not exist"), (tmp_path, "is a directory")):
+        with pytest.raises(SystemExit) as e:
+            scaling.cli_main(["--json", str(path)])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    monkeypatch.setenv("LABKIT_PROFILE", "fastest")
+    with pytest.raises(SystemExit) as e:
+        scaling.cli_main([])
+    assert e.value.code == 2 and "LABKIT_PROFILE" in capsys.readouterr().err
+
+
+def test_cli_rejects_an_unknown_model_without_loading_tensorflow(capsys, no_launch):
+    import sys
+    tf_loaded = "tensorflow" in sys.modules
+    with pytest.raises(SystemExit) as e:
+        scaling.cli_main(["--model", "no_such_net"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "model must be one of" in err and "resnet50" in err
+    assert ("tensorflow" in sys.modules) == tf_loaded
+
+
+def test_run_rejects_bad_threads_timeout_and_hosts(no_launch):
+    with pytest.raises(ValueError, match="threads"):
+        scaling.run([1], threads=0)
+    with pytest.raises(ValueError, match="timeout"):
+        scaling.run([1], timeout=float("nan"))
+    with pytest.raises(ValueError, match="hosts"):
+        scaling.run([1], hosts=["node1:x"])
+
+
+def test_help_says_each_worker_owns_a_fixed_share(capsys):
+    with pytest.raises(SystemExit):
+        scaling.cli_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fixed share" in text and "default 1" in text and "--hosts" in text and "node1:1,node2:1" in text
+
+
+def test_cli_hands_hosts_and_one_thread_per_worker_to_the_launcher(monkeypatch, capsys, tmp_path):
+    calls = []
+
+    def fake_launch(n, args, **kw):
+        calls.append((n, list(args), kw))
+        return [_fake_rank(r, n, [10.0, 10.0], "c") for r in range(n)]
+
+    monkeypatch.setattr(scaling, "launch", fake_launch)
+    out = tmp_path / "scale.json"
+    assert scaling.cli_main(["--np", "2", "--hosts", "node1:1,node2:1", "--json", str(out), "--quiet"]) == 0
+    (n, args, kw), = calls
+    assert n == 2 and kw["hosts"] == "node1:1,node2:1"
+    assert args[args.index("--threads") + 1] == "1"
+    printed = capsys.readouterr().out
+    assert printed.startswith("data: an offline synthetic set") and "the ranks trained on: synthetic" in printed
+    assert json.loads(out.read_text())["hosts"] == "node1:1,node2:1"
