@@ -1,5 +1,21 @@
 """labkit: the helper package behind the high-performance CNN training course.
 
+Its folders are the course's chapters:
+
+    base/       00, 01: configuration, the machine, timing, training, the doctor
+    data/       01 on: CIFAR-10 verified before it is read, and an offline set
+    models/     01, 03: every network the course builds, by name
+    conv/       02_im2col: convolution as one matrix multiply
+    flops/      03_flops: parameters, MACs, FLOPs, memory, hardware
+    scale/      04_horovod_scaling and its deep dive: Horovod data-parallel training
+    sweep/      05_network_sweep: 16 networks in parallel workers, the Pareto front
+    transfer/   06_transfer_learning: freezing and per-layer learning rates
+    exercises/  the exercises' checkers and the learner edition
+    widgets/    the notebooks' interactive explorers
+    cli.py      the `labkit` command: a thin shell over the packages
+
+Imports point down the course: the base imports no lesson; a lesson may use an earlier lesson's API.
+
 Importing labkit first keeps TensorFlow's C++ start-up log lines (oneDNN, CPU features) out of notebook
 outputs; labkit.quiet() does the same for TensorFlow's Python-side warnings once TF is imported.
 """

@@ -1,1 +1,13 @@
-"""labkit.base."""
+"""The base every lesson stands on (00_welcome, 01_cnn_basics): configuration, the machine, timing, training.
+
+    config      run profile (quick / workshop / full), seeds, the data directory
+    machine     usable cores, thread limits, numpy's BLAS, TensorFlow's oneDNN switch
+    timing      timing done right: warm-up, repeats, load average, the machine's GEMM rate
+    horovod     which Horovod this environment has: its horovodrun and what it was built with
+    doctor      `labkit doctor`: what is installed and working, with a one-line fix for each problem
+    training    the training step, LR schedules, live progress, resume, evaluation
+    rankstats   per-rank results of a data-parallel run: weights checksum, step-time summary
+    resultsfile results written atomically: JSON lines, one record per config, settings checked on resume
+
+The base imports no lesson package; the lessons (conv, flops, scale, sweep, transfer) import it.
+"""

@@ -6,18 +6,16 @@ needs is missing. Horovod's own `horovodrun --check-build` is the source of trut
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import platform
-import re
 import shutil
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import labkit
 from labkit.base import config
+from labkit.base.horovod import run_check_build
 
 SUPPORTED_PYTHON = ((3, 9), (3, 11))
 PINNED_TF = "2.15.1"
@@ -89,51 +87,10 @@ def _tensorflow_check(report: Report) -> Check:
                  f"the course is pinned to tensorflow {PINNED_TF}: run `make setup`")
 
 
-def parse_check_build(text: str) -> dict:
-    """Parse `horovodrun --check-build` into {'version', 'frameworks', 'controllers', 'operations'}."""
-    out = {"version": None, "frameworks": [], "controllers": [], "operations": []}
-    m = re.search(r"Horovod v(\S+?):?\s*$", text, re.M)
-    if m:
-        out["version"] = m.group(1)
-    section = None
-    keys = {"Available Frameworks": "frameworks", "Available Controllers": "controllers",
-            "Available Tensor Operations": "operations"}
-    for line in text.splitlines():
-        stripped = line.strip().rstrip(":")
-        if stripped in keys:
-            section = keys[stripped]
-            continue
-        m = re.match(r"\[(X| )\]\s+(\S+)", line.strip())
-        if m and section and m.group(1) == "X":
-            out[section].append(m.group(2))
-    return out
-
-
-def _run_check_build() -> tuple[dict | None, int | None, str]:
-    """`horovodrun --check-build` (the launcher's horovodrun), parsed: (build, returncode, ''), or
-    (None, None, why) where horovodrun is missing or cannot run."""
-    from labkit.scale.launch import horovodrun_path  # the same lookup the launcher uses
-    exe = horovodrun_path()
-    if exe is None:
-        return None, None, "not installed"
-    try:
-        proc = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return None, None, f"horovodrun --check-build failed ({err})"
-    return parse_check_build(proc.stdout), proc.returncode, ""
-
-
-@functools.lru_cache(maxsize=None)
-def horovod_build() -> dict | None:
-    """What this environment's Horovod was built with (parse_check_build's dict), asked once per process;
-    None where horovodrun is missing or fails."""
-    build, returncode, _ = _run_check_build()
-    return build if returncode == 0 and build["version"] else None
-
 
 def _horovod_check(report: Report) -> Check:
     fix = "build it: `make setup` (or scripts/build-horovod.sh inside your environment)"
-    build, returncode, why = _run_check_build()
+    build, returncode, why = run_check_build()
     if build is None:
         return Check("horovod", False, why, fix)
     # --check-build marks PyTorch even when torch is absent: report TensorFlow and the transports only

@@ -1,4 +1,10 @@
-"""labkit.conv."""
+"""Convolution as one matrix multiply (02_im2col).
+
+    numpy_engine  the naive loops, im2col + one GEMM, the GEMM-based backward pass (this package's API)
+    tf_engine     the same im2col method with TensorFlow's gather and matmul (engine="tf")
+    shapes        output sizes by TensorFlow's rules, the argument checks, the chunk size
+    bench         `labkit conv-bench`: naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50's layers
+"""
 from labkit.conv.numpy_engine import (  # noqa: F401  (the package's API)
     CHUNK_BYTES,
     MIN_CHUNK_ROWS,

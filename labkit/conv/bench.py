@@ -22,6 +22,7 @@ import numpy as np
 
 from labkit.base import config, machine
 from labkit import conv
+from labkit.conv.shapes import _check_chunk_size
 from labkit.base.timing import Timing, compare, gemm_rate, load_average, timeit  # noqa: F401  (bench.timeit in 02_im2col)
 
 
@@ -347,7 +348,7 @@ def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 102
     timings = compare(fns, repeats=repeats)
     rows = []
     for cs, t in timings.items():
-        rows_per_chunk = conv._check_chunk_size(cs, g, np.float32)
+        rows_per_chunk = _check_chunk_size(cs, g, np.float32)
         chunks, workers = conv.plan(g, rows_per_chunk, threads)
         buffer_rows = max((n1 - n0) * (r1 - r0) * g.w_out for n0, n1, r0, r1 in chunks) * workers
         label = "whole batch" if cs is None else (f"auto ({rows_per_chunk})" if cs == "auto" else cs)

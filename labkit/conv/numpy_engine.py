@@ -11,7 +11,7 @@ width, input channels, output channels), and `strides`, `padding`, `dilations` m
 
 The im2col matrix has one row per output pixel (N * H_out * W_out rows) and one column per weight of a
 filter (kh * kw * C_in columns, in HWIO order), so `im2col(x) @ w.reshape(-1, C_out)` IS the convolution.
-The sizes (conv.geometry) and the argument checks live in labkit.conv.geometry.
+The sizes (conv.geometry) and the argument checks live in labkit.conv.shapes.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from labkit.conv.geometry import (  # noqa: F401  (conv.geometry, conv.ConvGeometry: part of this API)
+from labkit.conv.shapes import (  # noqa: F401  (conv.geometry, conv.ConvGeometry: part of this API)
     CHUNK_BYTES, MIN_CHUNK_ROWS, PADDING_HELP, ConvGeometry, _as_float_array, _check_chunk_size, _check_conv_args,
     _check_not_empty, _check_rank4, geometry)
 

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from labkit.conv.geometry import ConvGeometry, _as_float_array, _check_chunk_size, _check_conv_args
+from labkit.conv.shapes import ConvGeometry, _as_float_array, _check_chunk_size, _check_conv_args
 
 # an unrolled graph with more chunks than this takes long to trace: larger inputs get larger chunks
 MAX_CHUNKS = 256

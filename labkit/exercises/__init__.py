@@ -1,1 +1,8 @@
-"""labkit.exercises."""
+"""The exercises of notebooks 01-06 and the learner edition (every notebook).
+
+    check       the checkers: an answer -> a success line, the usual mistake named, or "not answered yet"
+    verdict     the machinery the checkers share: Spec, Verdict, the registry
+    build       `labkit exercises list | build DIR`: the learner edition without solutions
+
+Sits above the lessons: its checkers call conv, flops, scale, sweep and transfer for the reference answers.
+"""

@@ -30,6 +30,8 @@ import time
 import uuid
 from pathlib import Path
 
+from labkit.base.horovod import horovodrun_path
+
 MARKER_ENV = "LABKIT_RUN_ID"  # every process of one launch carries this, so none can escape the cleanup
 PROGRESS_TAG = "LABKIT_PROGRESS"
 _LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
@@ -50,15 +52,6 @@ class HorovodRunError(RuntimeError):
         self.rank, self.returncode, self.timed_out = rank, returncode, timed_out
         self.stderr_tail = list(stderr_tail)
 
-
-def horovodrun_path() -> str | None:
-    """$LABKIT_HOROVODRUN (a site's module-loaded Horovod), else the horovodrun of this Python environment
-    (next to sys.executable), else the one on PATH; None when there is none."""
-    override = os.environ.get("LABKIT_HOROVODRUN", "").strip()
-    if override:
-        return override if Path(override).exists() else None
-    local = Path(sys.executable).with_name("horovodrun")
-    return str(local) if local.exists() else shutil.which("horovodrun")
 
 
 def slurm_hosts(env=None) -> list[str]:

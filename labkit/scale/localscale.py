@@ -179,8 +179,8 @@ CONTROLLERS = (
 def mpi_available() -> bool:
     """True where Horovod was built with the MPI controller and an `mpirun` is on PATH."""
     import shutil
-    from labkit.base import doctor
-    build = doctor.horovod_build() or {}
+    from labkit.base.horovod import horovod_build
+    build = horovod_build() or {}
     return "MPI" in build.get("controllers", []) and shutil.which("mpirun") is not None
 
 

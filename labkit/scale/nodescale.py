@@ -77,3 +77,25 @@ def plot(results: dict, ax=None):
     ax.set_title(f"{results['model']}, batch {results['batch_size_per_rank']} per node")
     ax.legend(fontsize=8)
     return ax
+
+
+def main(argv=None) -> int:
+    import re
+    p = vcluster.parser("python -m labkit.scale.nodescale",
+                        "Weak scaling over node counts on the virtual cluster, against the ring model.")
+    p.add_argument("--nodes", default="2,3,4", help="node counts, e.g. 2,3,4")
+    p.add_argument("--out", default=None, help=f"result file (default {RESULTS})")
+    args = p.parse_args(argv)
+
+    def check():
+        if not re.fullmatch(r"\d+(,\d+)*", args.nodes) or min(map(int, args.nodes.split(","))) < 2:
+            raise ValueError(f"--nodes must be node counts >= 2 separated by commas, e.g. 2,3,4; got {args.nodes!r}")
+    nodes = sorted({int(n) for n in args.nodes.split(",") if n.isdigit()}) or [2]
+    return vcluster.run_cli("nodescale", args, max(nodes),
+                            lambda rates: by_nodes(nodes, rates, args.model, args.batch_size),
+                            args.out or RESULTS, table, check)
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

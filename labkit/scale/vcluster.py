@@ -353,52 +353,58 @@ def plot_calibration(results: dict, ax=None):
     return ax
 
 
-def main(argv=None) -> int:
+def parser(prog: str, description: str):
+    """The measurement's command line, shared by this module and labkit.scale.nodescale."""
     import argparse
-
-    from labkit.scale import nodescale
-    p = argparse.ArgumentParser(prog="python -m labkit.scale.vcluster",
-                                description="Calibrate and check the allreduce model on the virtual cluster.")
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--rates", default="1gbit,200mbit,50mbit",
                    help="comma-separated link settings: tc rates, each optionally +DELAY (one way), e.g. 50mbit+5ms")
     p.add_argument("--model", default="convblock_net")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--nodes", default="2", help="node counts, e.g. 2,3,4 for weak scaling over nodes "
-                                                 "(written to vcluster_nodes.json unless --out says otherwise)")
-    p.add_argument("--out", default=None, help=f"result file (default {RESULTS})")
-    args = p.parse_args(argv)
+    return p
+
+
+def run_cli(name: str, args, nodes: int, experiment, out: Path, table_of, check=None) -> int:
+    """Check the arguments (plus `check()`, raising ValueError), start a cluster of `nodes` if none is up,
+    run `experiment(rates)`, write its results to `out` and print `table_of(results)`."""
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     try:
         for r in rates:
             parse_link(r)
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1; got {args.batch_size}")
-        if not re.fullmatch(r"\d+(,\d+)*", args.nodes) or min(map(int, args.nodes.split(","))) < 2:
-            raise ValueError(f"--nodes must be node counts >= 2 separated by commas, e.g. 2,3,4; got {args.nodes!r}")
+        if check:
+            check()
     except ValueError as err:
-        print(f"vcluster: {err}", file=sys.stderr)
+        print(f"{name}: {err}", file=sys.stderr)
         return 2
     reason = why_not()
     if reason:
-        print(f"vcluster: {reason}", file=sys.stderr)
+        print(f"{name}: {reason}", file=sys.stderr)
         return 2
-    nodes = sorted({int(n) for n in args.nodes.split(",")})
-    over_nodes = len(nodes) > 1  # weak scaling over node counts (labkit.scale.nodescale) or the 2-node experiment
-    started = nodes_up() < max(nodes)
+    started = nodes_up() < nodes
     if started:
-        up(max(nodes), parse_link(rates[0])[0])
+        up(nodes, parse_link(rates[0])[0])
     try:
-        res = nodescale.by_nodes(nodes, rates, args.model, args.batch_size) if over_nodes else \
-            measure(rates, args.model, args.batch_size)
+        res = experiment(rates)
     finally:
         if started:
             down()
-    out = Path(args.out or (nodescale.RESULTS if over_nodes else RESULTS))
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
-    print((nodescale.table(res) if over_nodes else table(res)).round(3).to_string())
+    print(table_of(res).round(3).to_string())
     print("written:", out)
     return 0
+
+
+def main(argv=None) -> int:
+    p = parser("python -m labkit.scale.vcluster", "Calibrate and check the allreduce model on the virtual cluster "
+               "(2 nodes; over node counts: python -m labkit.scale.nodescale).")
+    p.add_argument("--out", default=None, help=f"result file (default {RESULTS})")
+    args = p.parse_args(argv)
+    return run_cli("vcluster", args, 2, lambda rates: measure(rates, args.model, args.batch_size),
+                   args.out or RESULTS, table)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""labkit.transfer."""
+"""Transfer learning offline (06_transfer_learning).
+
+    finetune    per-layer learning-rate factors for Keras 2.15, freezing, the MATLAB multi-GPU white paper's recipe
+"""
 from labkit.transfer.finetune import (  # noqa: F401  (the package's API)
     STRATEGIES,
     STRATEGY_LABELS,

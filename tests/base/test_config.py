@@ -56,7 +56,7 @@ def test_set_seed_rejects_bad_seed(bad):
 def test_scratch_dir_is_private_and_removed_when_the_process_exits(tmp_path):
     import subprocess
     import sys
-    code = ("from labkit import config; p = config.scratch_dir('labkit-test-'); (p / 'x').write_text('1'); "
+    code = ("from labkit.base import config; p = config.scratch_dir('labkit-test-'); (p / 'x').write_text('1'); "
             "import os, stat; print(p, oct(stat.S_IMODE(os.stat(p).st_mode)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "TMPDIR": str(tmp_path)}).stdout.split()
@@ -72,19 +72,19 @@ def test_a_killed_kernels_scratch_dir_is_removed_by_the_next_one(tmp_path):
     import subprocess
     import sys
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    killed = subprocess.run([sys.executable, "-c", "import os; from labkit import config; "
+    killed = subprocess.run([sys.executable, "-c", "import os; from labkit.base import config; "
                              "p = config.scratch_dir('labkit-test-'); print(p); os._exit(9)"],
                             capture_output=True, text=True, env=env).stdout.split()[-1]
     assert os.path.isdir(killed)
     foreign = tmp_path / "labkit-test-foreign"  # no owner file: not made by scratch_dir
     foreign.mkdir()
-    alive = subprocess.Popen([sys.executable, "-c", "import sys, time; from labkit import config; "
+    alive = subprocess.Popen([sys.executable, "-c", "import sys, time; from labkit.base import config; "
                               "print(config.scratch_dir('labkit-test-'), flush=True); time.sleep(60)"],
                              stdout=subprocess.PIPE, text=True, env=env)
     try:
         alive_dir = alive.stdout.readline().strip()
         assert not os.path.exists(killed), "the killed kernel's folder was left behind"
-        subprocess.run([sys.executable, "-c", "from labkit import config; config.scratch_dir('labkit-test-')"],
+        subprocess.run([sys.executable, "-c", "from labkit.base import config; config.scratch_dir('labkit-test-')"],
                        check=True, env=env)
         assert os.path.isdir(alive_dir) and foreign.is_dir()
     finally:
@@ -104,7 +104,7 @@ def test_set_seed_gives_the_same_initial_weights_in_every_process():
     in every process (04's learning-rate runs started from different weights each time before this)."""
     import subprocess
     import sys
-    prog = ("import labkit, sys\nfrom labkit import config, models, training\n"
+    prog = ("import labkit, sys\nfrom labkit import models\nfrom labkit.base import config, training\n"
             "config.set_seed(3) if sys.argv[1] == 'all' else __import__('tensorflow').random.set_seed(3)\n"
             "m = models.get('small_cnn', input_shape=(32, 32, 3), classes=10)\n"
             "print(training.weights_checksum([v.numpy() for v in m.trainable_weights]))")

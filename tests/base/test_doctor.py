@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from labkit.base import doctor
+from labkit.base import doctor, horovod
 
 CHECK_BUILD = """\
 Horovod v0.28.1:
@@ -30,7 +30,7 @@ Available Tensor Operations:
 
 
 def test_parse_check_build():
-    build = doctor.parse_check_build(CHECK_BUILD)
+    build = horovod.parse_check_build(CHECK_BUILD)
     assert build == {"version": "0.28.1", "frameworks": ["TensorFlow", "PyTorch"],
                      "controllers": ["Gloo"], "operations": ["Gloo"]}
 

@@ -69,7 +69,7 @@ def test_limit_threads_rejects_bad_counts():
 
 
 def test_limit_threads_pins_env_and_blas_pools_in_a_fresh_process():
-    code = ("import json, numpy; from labkit import machine; machine.limit_threads(1, tensorflow=False); "
+    code = ("import json, numpy; from labkit.base import machine; machine.limit_threads(1, tensorflow=False); "
             "print(json.dumps(machine.thread_report()))")
     import json
 
@@ -118,7 +118,7 @@ def test_cpu_flags_are_read_where_the_system_lists_them():
 @pytest.mark.parametrize("value", [None, "0", "1", "no"])
 def test_onednn_rule_agrees_with_tensorflow_itself(value):
     # the oracle: TensorFlow's own IsMklEnabled, read once per process, so one fresh process per setting
-    code = ("import labkit; from labkit import machine; "
+    code = ("import labkit; from labkit.base import machine; "
             "print(machine.tf_onednn_enabled(), machine.onednn_rule())")
     told, ruled = _run(code, TF_ENABLE_ONEDNN_OPTS=value).split()
     assert told == ruled
@@ -133,7 +133,7 @@ def test_describe_names_cpu_cores_blas_and_onednn():
 
 
 def test_importing_machine_and_describing_without_tf_leave_tensorflow_unloaded():
-    code = ("import sys; from labkit import machine; machine.cores(); machine.describe(tensorflow=False); "
+    code = ("import sys; from labkit.base import machine; machine.cores(); machine.describe(tensorflow=False); "
             "print('tensorflow' in sys.modules)")
     assert _run(code) == "False"
 

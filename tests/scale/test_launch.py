@@ -269,7 +269,7 @@ def test_restarting_the_jupyter_kernel_mid_run_leaves_no_process(tmp_path):
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=120)
-        kc.execute("from labkit import scaling\n"
+        kc.execute("from labkit.scale import scaling\n"
                    "scaling.run(2, batch_size=16, steps=2, repeats=200, warmup_steps=1, timeout=300)")
         marker = _marker_of(km.provisioner.process.pid, deadline_s=120)
         end = time.time() + 120

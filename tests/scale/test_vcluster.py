@@ -74,10 +74,18 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
     (["--rates", "fast"], "vcluster: rate must be a tc rate such as '1gbit' or '100mbit'; got 'fast'"),
     (["--batch-size", "0"], "vcluster: --batch-size must be >= 1; got 0"),
     (["--rates", "50mbit+soon"], "vcluster: delay must be a tc time such as '5ms' or '200us' (or '0'); got 'soon'"),
-    (["--nodes", "1,2"], "vcluster: --nodes must be node counts >= 2 separated by commas, e.g. 2,3,4; got '1,2'"),
+    (["--nodes", "2"], "vcluster: unrecognized arguments"),  # node counts are nodescale's
+    (["nodescale", "--nodes", "1,2"], "nodescale: --nodes must be node counts >= 2 separated by commas, e.g. 2,3,4; "
+                                      "got '1,2'"),
+    (["nodescale", "--rates", "fast"], "nodescale: rate must be a tc rate such as '1gbit' or '100mbit'; got 'fast'"),
 ])
 def test_measure_cli_bad_input_is_one_line_and_exit_2(args, expected):
-    res = subprocess.run([sys.executable, "-m", "labkit.scale.vcluster", *args], capture_output=True, text=True, timeout=60)
+    module = "labkit.scale.nodescale" if args[0] == "nodescale" else "labkit.scale.vcluster"
+    args = args[1:] if args[0] == "nodescale" else args
+    res = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60)
+    if expected.endswith("unrecognized arguments"):  # argparse's own refusal: usage line + error line
+        assert res.returncode == 2 and "unrecognized arguments: --nodes 2" in res.stderr, res
+        return
     assert res.returncode == 2 and res.stderr.strip() == expected, res
 
 

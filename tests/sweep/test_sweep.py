@@ -245,7 +245,7 @@ def test_sigterm_keeps_results_and_ends_workers(tmp_path):
 WATCH_SCRIPT = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c",
-                          "import os; from labkit import workerpool; workerpool.watch_parent(os.getppid(), 0.1)"])
+                          "import os; from labkit.sweep import workerpool; workerpool.watch_parent(os.getppid(), 0.1)"])
 print(child.pid, flush=True)
 time.sleep(60)
 """
