@@ -9,7 +9,7 @@ ARGS  ?=
 help:
 	@echo "make lab      set up .venv if needed and open the course in JupyterLab (127.0.0.1, token)"
 	@echo "make test     set up .venv if needed and run unit tests + every notebook (nbval, quick profile)"
-	@echo "make refresh  re-execute every notebook in place (workshop profile) to refresh committed outputs"
+	@echo "make refresh  re-execute every notebook in place (workshop profile) to refresh committed outputs; refuses on a busy machine unless FORCE=1"
 	@echo "make doctor   check the environment"
 	@echo "make lock     regenerate constraints.txt from the current .venv"
 
@@ -26,7 +26,7 @@ test:
 	LABKIT_PROFILE=quick $(PY) -m pytest $(ARGS)
 
 refresh: setup
-	LABKIT_PROFILE=$${LABKIT_PROFILE:-workshop} $(PY) scripts/refresh_notebooks.py
+	LABKIT_PROFILE=$${LABKIT_PROFILE:-workshop} $(PY) scripts/refresh_notebooks.py $(if $(FORCE),--force)
 
 doctor: setup
 	@$(VENV)/bin/labkit doctor

@@ -1,9 +1,17 @@
-"""Re-execute notebooks in place and report wall time and peak memory per notebook.
+"""Re-execute notebooks in place and report wall time, peak memory and load average per notebook.
 
     make refresh                                    # every notebook, workshop profile, outputs written
+    make refresh FORCE=1                            # ... even on a busy machine (says so)
     LABKIT_PROFILE=quick .venv/bin/python scripts/refresh_notebooks.py --no-write   # suite budget check
 
 Instructors use it as the dry run before a workshop: a notebook that fails here fails in the room.
+Committed outputs are measurements, so the refresh refuses to start when the 1-minute load average is above
+MAX_LOAD_PER_CORE x cores (--force overrides it and says so). It runs every notebook in one pass, with one
+kernel per notebook and the one Horovod build it names in its header, records the load before and after
+each notebook in the notebook's metadata (labkit.refresh) and the cells' execution timestamps (which
+labkit.exercises.schedule reads), and saves each notebook in the format JupyterLab writes, so opening it changes
+nothing. Any cell that raises fails the run (exit status 1, the notebook and the cell named): the asserts
+that only run outside the quick profile (`profile() != "quick"`, `smoke=False`) bind here.
 Peak memory is the kernel's with its children (e.g. horovodrun's ranks), sampled every 0.2 s, two ways:
 RSS summed over the processes (counts shared libraries once per process, so it overstates a process tree)
 and PSS (proportional set size: shared pages split between their users), the better estimate of what a
@@ -12,9 +20,11 @@ memory limit such as Binder's 2 GB sees.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -22,6 +32,20 @@ import psutil
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent.parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # this checkout's labkit
+MAX_LOAD_PER_CORE = 0.3  # above it, other programs would slow the measurements the outputs commit
+
+
+class CellFailed(Exception):
+    """A cell raised while its notebook ran; ename/evalue as nbclient's CellExecutionError, the cell named."""
+
+    def __init__(self, notebook: str, index: int, source: str, err: Exception):
+        first = next((line for line in source.splitlines() if line.strip()), "")
+        self.notebook, self.index = notebook, index
+        self.ename = getattr(err, "ename", type(err).__name__)
+        self.evalue = f"{getattr(err, 'evalue', err)} (cell {index}: {first[:80]!r})"
+        super().__init__(f"{notebook}: cell {index} raised {self.ename}: {self.evalue}")
 
 
 class PeakRSS(threading.Thread):
@@ -56,24 +80,80 @@ class PeakRSS(threading.Thread):
         self.join()
 
 
-def run_notebook(path: Path, write: bool, timeout: int) -> tuple[float, int, int]:
+def load_average() -> float:
+    from labkit.base import timing
+    return timing.load_average()
+
+
+def jupyterlab_format(nb, language_info: dict):
+    """The notebook as JupyterLab 4 saves it, so that opening it marks nothing modified; returns nb.
+
+    JupyterLab fills metadata.language_info from the kernel as soon as one connects: a notebook saved with
+    less (nbclient's per-cell execution never sets it) shows the "modified" dot on opening. It also writes
+    nbformat 4.5 with an id on every cell; the bytes are nbformat.writes' (indent 1, sorted keys)."""
+    if not isinstance(language_info, dict) or not language_info.get("name"):
+        raise ValueError(f"language_info must be the kernel's language_info dict; got {language_info!r}")
+    nb.nbformat, nb.nbformat_minor = 4, max(5, nb.get("nbformat_minor", 0))
+    for cell in nb.cells:
+        if not cell.get("id"):
+            cell["id"] = uuid.uuid4().hex[:8]
+    nb.metadata["language_info"] = dict(language_info)
+    return nb
+
+
+def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = None) -> tuple[float, int, int]:
+    """Execute every cell; raises CellFailed naming the first cell that raised (nothing is written then).
+
+    record, if given, receives what the run measured (load before/after, wall time): it also goes into the
+    notebook's metadata as labkit.refresh."""
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="labkit",
+    # record_timing (nbclient's default, stated): the cells' timestamps are the committed run time
+    client = NotebookClient(nb, timeout=timeout, kernel_name="labkit", record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}})
+    info = {"load_before": round(load_average(), 2)}
     start = time.perf_counter()
     monitor = None
     with client.setup_kernel():
         monitor = PeakRSS(client.km.provisioner.process.pid)
         monitor.start()
         try:
+            language_info = client.wait_for_reply(client.kc.kernel_info())["content"]["language_info"]
             for index, cell in enumerate(nb.cells):
-                client.execute_cell(cell, index)
+                try:
+                    client.execute_cell(cell, index)
+                except Exception as err:  # an assert, an error, a dead kernel: name the cell
+                    raise CellFailed(path.name, index, cell.source, err) from err
         finally:
             monitor.stop()
     elapsed = time.perf_counter() - start
+    info.update(load_after=round(load_average(), 2), wall_s=round(elapsed, 1))
+    nb.metadata.setdefault("labkit", {})["refresh"] = dict(info, profile=os.environ.get("LABKIT_PROFILE", "workshop"))
+    jupyterlab_format(nb, language_info)
+    if record is not None:
+        record.update(info)
     if write:
         nbformat.write(nb, path)
     return elapsed, monitor.peak, monitor.peak_pss
+
+
+def horovod_build() -> str:
+    """The one Horovod build every notebook of the pass uses, in words."""
+    from labkit.base import doctor
+    build = doctor.horovod_build()
+    if not build:
+        return "none found (the Horovod cells will say so)"
+    return f"{build['version']} (controllers: {', '.join(build.get('controllers', [])) or 'none'})"
+
+
+def load_gate(force: bool, load: float, cores: int) -> str | None:
+    """None when the machine is quiet enough to measure; else the one line that says why not (or that --force ran)."""
+    limit = MAX_LOAD_PER_CORE * cores
+    if not load > limit:  # NaN (no load average on this platform) passes
+        return None
+    busy = (f"load average {load:.2f} (1 min) is above {MAX_LOAD_PER_CORE} x {cores} cores = {limit:.2f}: "
+            "other programs would slow the measurements these outputs commit")
+    return f"--force: starting anyway; {busy}" if force else \
+        f"refresh: {busy}. Wait until the machine is quiet, or run with --force (make refresh FORCE=1)"
 
 
 def main(argv=None) -> int:
@@ -81,26 +161,44 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     parser.add_argument("--no-write", action="store_true", help="execute only; leave the files as they are")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")
+    parser.add_argument("--force", action="store_true",
+                        help=f"run even when the load average is above {MAX_LOAD_PER_CORE} x cores")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
-    import os
-    print(f"profile: {os.environ.get('LABKIT_PROFILE', 'workshop')}")
-    print(f"{'notebook':<32} {'wall time':>10} {'peak RSS':>10} {'peak PSS':>10}")
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        parser.error(f"notebooks: no such file: {', '.join(missing)}")
+    from labkit.base import machine
+    load, cores = load_average(), machine.cores()
+    gate = load_gate(args.force, load, cores)
+    if gate and not args.force:
+        print(gate, file=sys.stderr)
+        return 2
+    if gate:
+        print(gate, flush=True)
+    profile = os.environ.get("LABKIT_PROFILE", "workshop")
+    print(f"profile: {profile}  cores: {cores}  load average at the start: {load:.2f}  Horovod: {horovod_build()}")
+    if profile == "quick":
+        print("quick profile: the asserts guarded by profile() != 'quick' do not run in this pass")
+    print(f"{'notebook':<32} {'wall time':>10} {'peak RSS':>10} {'peak PSS':>10} {'load before -> after':>21}",
+          flush=True)
     total, failed = 0.0, []
     for path in paths:
+        record = {}
         try:
-            elapsed, peak, peak_pss = run_notebook(path, write=not args.no_write, timeout=args.timeout)
+            elapsed, peak, peak_pss = run_notebook(path, write=not args.no_write, timeout=args.timeout, record=record)
         except Exception as err:  # report and go on: the dry run should list every broken notebook
-            failed.append(path.name)
-            # nbclient's CellExecutionError carries the kernel's exception name and value
-            what = f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}"
-            print(f"{path.name:<32} FAILED: {what}")
+            failed.append(str(err) if isinstance(err, CellFailed) else f"{path.name}: {type(err).__name__}: {err}")
+            print(f"{path.name:<32} FAILED: {failed[-1]}", flush=True)
             continue
         total += elapsed
-        print(f"{path.name:<32} {elapsed:>8.1f} s {peak / 2**20:>6.0f} MiB {peak_pss / 2**20:>6.0f} MiB", flush=True)
-    print(f"{'total':<32} {total:>8.1f} s")
+        print(f"{path.name:<32} {elapsed:>8.1f} s {peak / 2**20:>6.0f} MiB {peak_pss / 2**20:>6.0f} MiB "
+              f"{record['load_before']:>11.2f} -> {record['load_after']:.2f}", flush=True)
+    print(f"{'total':<32} {total:>8.1f} s   load average at the end: {load_average():.2f}")
     if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        print(f"FAILED: {len(failed)} of {len(paths)} notebooks; nothing was written for them:", file=sys.stderr)
+        for line in failed:
+            print(f"  {line}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -123,6 +123,9 @@ def set_seed(seed: int = 42, deterministic: bool = False) -> int:
 
 
 def describe() -> str:
-    """One line for a notebook's header: which profile and data directory produced these numbers."""
+    """A notebook's header: which profile and data directory produced these numbers, and how busy the machine was."""
+    from labkit.base import machine, timing  # here: config is imported first and stays light
     line = f"profile={profile()} (LABKIT_PROFILE), data_dir={data_dir()} (LABKIT_DATA)"
+    # measured numbers depend on what else runs: the load shows it beside them (scripts/refresh_notebooks.py)
+    line += f"\nload average {timing.load_average():.2f} (1 min) on {machine.cores()} cores"
     return f"{line}\n{SMOKE_NOTE} (LABKIT_SMOKE=1)" if smoke_scale() else line

@@ -1,8 +1,9 @@
-"""The exercises of notebooks 01-06 and the learner edition (every notebook).
+"""The exercises of notebooks 01-06, the learner edition, and the minutes each lesson takes (every notebook).
 
     check       the checkers: an answer -> a success line, the usual mistake named, or "not answered yet"
     verdict     the machinery the checkers share: Spec, Verdict, the registry
     build       `labkit exercises list | build DIR`: the learner edition without solutions
+    schedule    the learner's minutes per notebook and the workshop schedules they must fit
 
 Sits above the lessons: its checkers call conv, flops, scale, sweep and transfer for the reference answers.
 """

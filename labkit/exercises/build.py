@@ -24,6 +24,33 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 PLACEHOLDER = "answer = None  # your answer here"
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 _CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
+_NUMBER = re.compile(r"\bExercise\s+(\d+\.\d+)\b")
+
+# Minutes per exercise (reading, doing, checking; the fast half of a room needs about half) and what to do with
+# it when short of time ("keep..." or "skip..."): the one home of these numbers, keyed by the number in the
+# exercise's title. labkit.exercises.schedule adds them to each notebook's minutes and writes docs/instructors.md's table.
+MINUTES = {
+    "1.1": (5, "keep"),
+    "1.2": (5, "keep (the formula recurs in 02 and 03)"),
+    "1.3": (3, "skip"),
+    "2.1": (4, "keep"),
+    "2.2": (8, "skip (the im2col explorer shows the same)"),
+    "2.3": (4, "keep"),
+    "2.4": (4, "skip"),
+    "3.1": (4, "keep"),
+    "3.2": (3, "keep"),
+    "3.3": (4, "skip"),
+    "4.1": (3, "keep"),
+    "4.2": (3, "keep"),
+    "4.3": (4, "skip"),
+    "4.4": (5, "keep"),
+    "5.1": (10, "skip on the half day (05 is homework)"),
+    "5.2": (3, "keep"),
+    "5.3": (4, "skip"),
+    "6.1": (3, "keep"),
+    "6.2": (5, "skip"),
+    "6.3": (3, "keep"),
+}
 
 
 class ExerciseFormatError(ValueError):
@@ -40,6 +67,32 @@ class Exercise:
 
     def __str__(self):
         return f"{self.notebook}  {self.title}  [check.{self.checker}: {self.checks}]"
+
+    @property
+    def number(self) -> str:
+        """'2.1' from the title 'Exercise 2.1 · ...'."""
+        found = _NUMBER.search(self.title)
+        if found is None:
+            raise ExerciseFormatError(f"{self.notebook} cell {self.cell}: the title must start 'Exercise N.M'; "
+                                      f"got {self.title!r}")
+        return found.group(1)
+
+    @property
+    def minutes(self) -> int:
+        """The learner's minutes for it, from MINUTES."""
+        return _minutes_entry(self)[0]
+
+    @property
+    def kept(self) -> bool:
+        """Whether it stays when the room is short of time (MINUTES says 'keep...')."""
+        return _minutes_entry(self)[1].startswith("keep")
+
+
+def _minutes_entry(ex: Exercise) -> tuple[int, str]:
+    if ex.number not in MINUTES:
+        raise ExerciseFormatError(f"{ex.notebook}: exercise {ex.number} has no entry in labkit.exercises.build.MINUTES "
+                                  "(add its minutes and 'keep' or 'skip')")
+    return MINUTES[ex.number]
 
 
 def _read(path):

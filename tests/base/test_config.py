@@ -113,3 +113,15 @@ def test_set_seed_gives_the_same_initial_weights_in_every_process():
                               check=True).stdout.split()[-1]
     assert weights("all") == weights("all")
     assert weights("tf_only") != weights("tf_only")  # the trap itself, so the test notices if Keras changes
+
+
+def test_describe_shows_the_load_average_and_the_cores():
+    import os
+    import re
+    before = os.getloadavg()[0]
+    text = config.describe()
+    after = os.getloadavg()[0]
+    found = re.search(r"^load average (\d+\.\d\d) \(1 min\) on (\d+) cores$", text, re.M)
+    assert found, text
+    assert min(before, after) - 0.005 <= float(found[1]) <= max(before, after) + 0.005
+    assert 1 <= int(found[2]) <= len(os.sched_getaffinity(0))

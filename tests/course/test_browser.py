@@ -29,6 +29,8 @@ FIXTURE = "tests/fixtures_browser/explorer.ipynb"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RUN_TIMEOUT_S = float(os.environ.get("LABKIT_BROWSER_RUN_TIMEOUT", 240))
+NEWS = "text=Would you like to get notified about official Jupyter news?"
+FIRST = "notebooks/00_welcome.ipynb"  # the notebook `make lab` opens
 
 # The explorer's visible state: every slider's readout, the output text and a digest of every image.
 SNAPSHOT_JS = """(cell) => {
@@ -107,11 +109,11 @@ def browser():
 def lab(isolated_home):
     """`scripts/lab.sh --port N --no-browser` with a known token; yields (base URL, token)."""
     token = "labkit-browser-" + os.urandom(8).hex()
-    # In the temporary settings dir only: no news pop-up over the notebook, no autosave (the test runs a
-    # committed notebook and must not write its outputs back into the repository), no cell windowing
+    # In the temporary settings dir only: no autosave (the test runs a committed notebook and must not write
+    # its outputs back into the repository), no cell windowing. The news pop-up is left to the course's own
+    # settings (scripts/jupyter/labconfig), which the tests check.
     settings = isolated_home / ".jupyter/lab/user-settings/@jupyterlab"
-    for plugin, value in [("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False}),
-                          ("docmanager-extension/plugin", {"autosave": False}),
+    for plugin, value in [("docmanager-extension/plugin", {"autosave": False}),
                           ("notebook-extension/tracker", {"windowingMode": "none"})]:  # every cell in the DOM
         path = settings / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +202,8 @@ def test_explorer_runs_and_reacts_to_its_slider_in_chromium(browser, lab, tmp_pa
         assert after["readouts"] != before["readouts"]
         assert after["text"] != before["text"] or after["images"] != before["images"]
         cell.screenshot(path=str(shot))
+        # the news pop-up shows within seconds of opening, where the course's settings leave it on
+        assert page.locator(NEWS).count() == 0, "JupyterLab's news pop-up is showing"
     except Exception:
         page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
         raise
@@ -207,3 +211,21 @@ def test_explorer_runs_and_reacts_to_its_slider_in_chromium(browser, lab, tmp_pa
         page.close()
     assert shot.stat().st_size > 1000
     assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28: the committed notebooks lack the kernel's language_info, which "
+                   "JupyterLab fills in when the kernel connects, so they turn modified; the next `make refresh` "
+                   "saves them as JupyterLab does: remove this mark then")
+def test_first_notebook_opens_unmodified_and_without_news(browser, lab):
+    base, token = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{base}/lab/tree/{FIRST}?token={token}")
+        # the kernel connected and idle: JupyterLab has taken its language_info by then
+        page.locator(".jp-StatusBar-Widget", has_text="| Idle").first.wait_for(timeout=90_000)
+        time.sleep(2)  # the news pop-up, where it is on, shows within this
+        tab = page.locator(".lm-TabBar-tab.jp-mod-current", has_text=Path(FIRST).name).first
+        assert page.locator(NEWS).count() == 0, "JupyterLab's news pop-up is showing"
+        assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), f"{FIRST} shows the modified dot on opening"
+    finally:
+        page.close()

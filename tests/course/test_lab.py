@@ -33,6 +33,16 @@ def test_token_required_and_notebooks_listed(lab):
     assert "00_welcome.ipynb" in names
 
 
+def test_course_settings_turn_jupyter_news_off(lab):
+    """scripts/jupyter/labconfig: no "Would you like to get notified about official Jupyter news?" pop-up."""
+    _, base, token = lab
+    status, body = get(base + "/lab/api/settings/@jupyterlab/apputils-extension:notification", token)
+    assert status == 200
+    # the course's overrides become the schema's defaults, which the page uses where the user set nothing
+    defaults = {k: v.get("default") for k, v in json.loads(body)["schema"]["properties"].items()}
+    assert defaults["fetchNews"] == "false" and defaults["checkForUpdates"] is False, defaults
+
+
 def test_bound_to_loopback_only(lab):
     proc, _, _ = lab
     server = psutil.Process(proc.pid)  # lab.sh execs jupyter: same pid

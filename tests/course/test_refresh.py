@@ -1,0 +1,103 @@
+"""scripts/refresh_notebooks.py: refuses a busy machine, names the cell that failed, records the load and the
+cells' timestamps, and saves notebooks as JupyterLab does (so opening one marks nothing modified)."""
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import refresh_notebooks as refresh  # noqa: E402
+
+
+def kernel_language_info() -> dict:
+    """What an IPython kernel (the labkit kernel is one, in this interpreter) reports as language_info."""
+    from ipykernel.ipkernel import IPythonKernel
+    return copy.deepcopy(IPythonKernel.language_info)
+
+
+def small_notebook(path: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata.kernelspec = {"display_name": "labkit (Python 3.11)", "language": "python", "name": "labkit"}
+    nb.metadata.language_info = {"name": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# a notebook")] + [nbformat.v4.new_code_cell(s) for s in sources]
+    nbformat.write(nb, str(path))
+    return path
+
+
+def test_load_gate_refuses_above_a_third_of_a_load_per_core_and_force_says_so():
+    assert refresh.load_gate(False, 0.59, 2) is None
+    refusal = refresh.load_gate(False, 0.61, 2)
+    assert "0.61" in refusal and "0.3 x 2 cores = 0.60" in refusal and "--force" in refusal
+    assert refresh.load_gate(True, 3.0, 2).startswith("--force: starting anyway")
+    assert refresh.load_gate(False, float("nan"), 2) is None  # no load average on this platform
+
+
+def test_busy_machine_refused_before_any_notebook_runs(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(refresh, "load_average", lambda: 9.0)
+    monkeypatch.setattr(refresh, "run_notebook", lambda *a, **k: pytest.fail("ran a notebook on a busy machine"))
+    assert refresh.main([str(small_notebook(tmp_path / "a.ipynb", "1"))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "load average 9.00" in err and "--force" in err
+
+
+def test_jupyterlab_format_sets_what_jupyterlab_would_and_is_idempotent():
+    nb = nbformat.v4.new_notebook()
+    nb.nbformat_minor = 4
+    nb.cells = [nbformat.v4.new_code_cell("1")]
+    del nb.cells[0]["id"]
+    info = kernel_language_info()
+    once = nbformat.writes(refresh.jupyterlab_format(nb, info))
+    assert nb.nbformat_minor == 5 and nb.cells[0]["id"] and nb.metadata.language_info == info
+    assert info["version"] and info["pygments_lexer"] == "ipython3"  # the full record, not just the name
+    assert nbformat.writes(refresh.jupyterlab_format(nbformat.reads(once, as_version=4), info)) == once
+    with pytest.raises(ValueError, match="language_info must be the kernel's language_info dict"):
+        refresh.jupyterlab_format(nb, {"version": "3.11"})
+
+
+def test_jupyterlab_format_gives_the_bytes_jupyterlab_saved():
+    """The oracle: tests/fixtures_jupyterlab/before.ipynb opened in JupyterLab 4.6 (labkit kernel connected), saved
+    with Ctrl+S: saved_by_jupyterlab.ipynb. Opened again it showed no modified dot; before.ipynb did."""
+    fixtures = ROOT / "tests/fixtures_jupyterlab"
+    saved = (fixtures / "saved_by_jupyterlab.ipynb").read_text(encoding="utf-8")
+    info = kernel_language_info()
+    info["version"] = nbformat.reads(saved, as_version=4).metadata.language_info.version  # that machine's Python
+    before = nbformat.read(str(fixtures / "before.ipynb"), as_version=4)
+    assert nbformat.writes(refresh.jupyterlab_format(before, info)) + "\n" == saved
+
+
+@pytest.mark.slow
+def test_refresh_runs_records_and_names_the_failing_cell(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(refresh, "load_gate", lambda force, load, cores: None)  # this test's own numbers only
+    monkeypatch.setattr(refresh, "horovod_build", lambda: "not asked in this test")
+    good = small_notebook(tmp_path / "good.ipynb", "import time\ntime.sleep(0.3)", "print('done')")
+    bad = small_notebook(tmp_path / "bad.ipynb", "x = 1", "\n# the workshop-only check\nassert x == 2, 'binds here'")
+    bad_before = bad.read_bytes()
+    assert refresh.main([str(good), str(bad), "--timeout", "120"]) == 1
+    out, err = capsys.readouterr()
+    assert "bad.ipynb: cell 2 raised AssertionError: binds here (cell 2: '# the workshop-only check')" in err
+    assert bad.read_bytes() == bad_before  # a failed notebook is not written
+    nb = nbformat.read(str(good), as_version=4)
+    assert nb.metadata.language_info == kernel_language_info()
+    run = nb.metadata.labkit.refresh
+    assert {"load_before", "load_after", "wall_s", "profile"} <= set(run) and run["wall_s"] >= 0.3
+    slept = nb.cells[1].metadata.execution
+    assert {"iopub.execute_input", "shell.execute_reply"} <= set(slept)
+    from labkit.exercises import schedule
+    assert 0.3 <= schedule.cell_seconds(nb.cells[1]) < 5
+    assert nb.cells[2].outputs[0].text == "done\n"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28: the committed notebooks were executed cell by cell without the "
+                   "kernel's language_info, so JupyterLab marks them modified on opening; the next `make refresh` "
+                   "saves them in JupyterLab's format: remove this mark then")
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), ids=lambda p: p.name)
+def test_committed_notebook_is_saved_as_jupyterlab_saves_it(path):
+    text = path.read_text(encoding="utf-8")
+    nb = nbformat.reads(text, as_version=4)
+    info = kernel_language_info()
+    # the Python patch version is the refreshing machine's: JupyterLab elsewhere writes its own
+    info["version"] = nb.metadata.get("language_info", {}).get("version", info["version"])
+    assert nbformat.writes(refresh.jupyterlab_format(nb, info)) + "\n" == text
