@@ -1,6 +1,7 @@
 """The exercises of notebooks 01-06, the learner edition, and the minutes each lesson takes (every notebook).
 
     check       the checkers: an answer -> a success line, the usual mistake named, or "not answered yet"
+    check_code  the checkers of exercises whose answer is code: run on inputs they make, against an oracle
     verdict     the machinery the checkers share: Spec, Verdict, the registry
     build       `labkit exercises list | build DIR`: the learner edition without solutions
     schedule    the learner's minutes per notebook and the workshop schedules they must fit

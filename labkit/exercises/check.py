@@ -429,3 +429,8 @@ def head_params(base, classes: int) -> Spec:
         ("base", counts["frozen"], "that is the frozen base; the question is what still trains."),
     ], hint="The new dense layer: (features + 1) x classes.",
         success=f"({features:,} features + 1) x {classes} classes = {counts['trainable']:,} trainable parameters.")
+
+
+# ------------------------------------------------------------------------------------ code exercises (01-06)
+from labkit.exercises.check_code import (conv_macs_function, im2col_function, pareto_function,  # noqa: E402,F401
+                                         training_step, transfer_function)

@@ -172,7 +172,8 @@ def test_every_claimed_mistake_is_tested():
     for name, numbers, _, mistakes in CASES:
         tested.setdefault(name, set()).update(k for k, v in mistakes.items() if v is not None)
         claimed.setdefault(name, set()).update(key for key, *_ in check.CHECKERS[name].spec(**numbers).mistakes)
-    assert set(tested) == set(check.CHECKERS), "every checker needs a case"
+    arithmetic = {name for name, fn in check.CHECKERS.items() if hasattr(fn, "spec")}  # code checkers: test_check_code
+    assert set(tested) == arithmetic, "every checker needs a case"
     assert tested == claimed
 
 

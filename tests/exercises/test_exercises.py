@@ -45,9 +45,12 @@ def test_at_least_three_exercises_per_notebook_and_twenty_in_all():
 
 def _run_pairs(nb, strip: bool):
     """Run each exercise cell and its check cell in notebook order in one namespace; the printed lines."""
+    import tensorflow as tf
+
     from labkit.transfer import finetune as transfer
     from labkit.models.cifar import sweep_net
-    ns = {"np": np, "transfer": transfer, "base": sweep_net(filters=32, filter_size=5, pool_size=3, classes=5)}
+    ns = {"np": np, "tf": tf, "transfer": transfer,  # what the exercise cells use from their notebook's imports
+          "base": sweep_net(filters=32, filter_size=5, pool_size=3, classes=5)}
     lines = []
     for ex in exercises.exercises(nb):
         src = nb.cells[ex.cell].source
