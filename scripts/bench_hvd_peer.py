@@ -88,6 +88,9 @@ def _config(a) -> dict:
 
 def main(argv=None) -> int:
     a = _parse(argv)
+    if a.json:  # room for the results now, not after the rounds
+        from labkit.base import resultsfile
+        resultsfile.check_space(a.json, resultsfile.RESULTS_RESERVE_BYTES, "--json")
     contenders = [("labkit", [])] + [(v.split("=", 1)[0].strip(), shlex.split(v.split("=", 1)[1]))
                                      for v in a.variant]
     runners = [(label, lambda extra=extra: _run_labkit(a, extra)) for label, extra in contenders]
@@ -120,7 +123,8 @@ def main(argv=None) -> int:
               + (f", median ratio to the peer {s['ratio_to_peer_median']:.3f}x" if "ratio_to_peer_median" in s
                  else ""))
     if a.json:
-        Path(a.json).write_text(json.dumps({"config": cfg, "rounds": rounds, "summary": summary}, indent=1))
+        from labkit.base import resultsfile
+        resultsfile.write_json(a.json, {"config": cfg, "rounds": rounds, "summary": summary})
     return 0
 
 

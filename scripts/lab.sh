@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start JupyterLab on the course, bound to 127.0.0.1 with a token (never an open server).
 #
-#   scripts/lab.sh [--port N] [--no-browser]    (make lab runs setup first, then this)
+#   scripts/lab.sh [--port N] [--no-browser]    (make lab runs setup first, then this; --port 0: any free port)
 #
 # The token is $JUPYTER_TOKEN if set, else a fresh random one. It reaches the server through its
 # environment only (a command line is visible to every user in `ps`), and scripts/jupyter/
@@ -18,13 +18,29 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --port)
       case "${2:-}" in
-        ''|*[!0-9]*) echo "lab: --port expects a port number, got '${2:-}'" >&2; exit 2 ;;
+        ''|*[!0-9]*) echo "lab: --port expects a port number 1-65535 (0: any free port), got '${2:-}'" >&2; exit 2 ;;
       esac
-      port="$2"; shift 2 ;;
+      [ "${#2}" -le 5 ] && [ "$((10#$2))" -le 65535 ] \
+        || { echo "lab: --port must be 1-65535 (0: any free port), got $2" >&2; exit 2; }
+      port="$((10#$2))"; shift 2 ;;
     --no-browser) browser=(--no-browser); shift ;;
     *) echo "lab: unknown option $1 (expected --port N, --no-browser)" >&2; exit 2 ;;
   esac
 done
+# The port is claimed here, before the server starts, so the URL printed is the one it listens on:
+# 0 becomes a free port the system picks; a busy one is refused with the way out.
+port="$("$venv/bin/python" - "$port" <<'PY'
+import errno, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does: a closing socket is no obstacle
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError as err:
+    why = "is busy (another JupyterLab?)" if err.errno == errno.EADDRINUSE else f"cannot be used ({err.strerror})"
+    sys.exit(f"lab: port {sys.argv[1]} on 127.0.0.1 {why}; pick another with --port N, or --port 0 for any free one")
+print(s.getsockname()[1])
+PY
+)" || exit 2
 [ -n "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ] || [ "$(uname)" = Darwin ] || browser=(--no-browser)
 export JUPYTER_TOKEN="${JUPYTER_TOKEN:-$("$venv/bin/python" -c 'import secrets; print(secrets.token_hex(24))')}"
 export JUPYTER_CONFIG_PATH="$here/scripts/jupyter${JUPYTER_CONFIG_PATH:+:$JUPYTER_CONFIG_PATH}"

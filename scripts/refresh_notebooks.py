@@ -132,7 +132,8 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
     if record is not None:
         record.update(info)
     if write:
-        nbformat.write(nb, path)
+        from labkit.base import resultsfile
+        resultsfile.write_notebook(path, nb)  # atomic: a failed or killed refresh leaves the committed notebook
     return elapsed, monitor.peak, monitor.peak_pss
 
 

@@ -78,7 +78,8 @@ def scratch_dir(prefix: str) -> Path:
         if _orphaned(old):
             shutil.rmtree(old, ignore_errors=True)
     path = Path(tempfile.mkdtemp(prefix=prefix))
-    (path / OWNER_FILE).write_text(str(os.getpid()))
+    from labkit.base import resultsfile
+    resultsfile.write_text(path / OWNER_FILE, str(os.getpid()))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 

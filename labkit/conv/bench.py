@@ -11,7 +11,6 @@ the reader's business.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.base import config, machine
+from labkit.base import config, machine, resultsfile
 from labkit import conv
 from labkit.conv.shapes import _check_chunk_size
 from labkit.base.timing import Timing, compare, gemm_rate, load_average, timeit  # noqa: F401  (bench.timeit in 02_im2col)
@@ -426,6 +425,11 @@ def cli_main(argv: list) -> int:
         if problem:
             print(f"labkit conv-bench: --json {args.json}: {problem}", file=sys.stderr)
             return 2
+        try:  # room for the file (the old copy stays until the new one is complete), before the compute
+            resultsfile.check_space(args.json, resultsfile.RESULTS_RESERVE_BYTES, "--json")
+        except ValueError as err:
+            print(f"labkit conv-bench: {err}", file=sys.stderr)
+            return 2
     start = time.perf_counter()
     result = conv_bench(layers=[layer for layer in RESNET50_LAYERS if layer.kernel in kernels],
                         batch_size=args.batch_size, repeats=args.repeats, chunk_size=args.chunk_size,
@@ -435,7 +439,6 @@ def cli_main(argv: list) -> int:
     print(result)
     print(f"total wall time {time.perf_counter() - start:.1f} s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.to_dict(), f, indent=1, default=float)
+        resultsfile.write_json(args.json, result.to_dict(), indent=1, default=float)
         print(f"wrote {args.json}")
     return 0

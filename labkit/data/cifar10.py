@@ -245,6 +245,9 @@ def load_cifar10(data_dir=None, *, download: bool = True):
 
 def _writable_dir(target: Path) -> Path:
     """Create target if needed and prove it writable, before any download; OSError names --dir and the fix."""
+    if os.path.lexists(target) and not target.is_dir():  # a file, or a symlink loop
+        raise OSError(f"--dir {target} is not a folder (LABKIT_DATA or --dir must name a folder); pick one you "
+                      "can write, e.g. --dir ~/labkit-data")
     try:
         target.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=target).close()

@@ -12,6 +12,7 @@ thin lines). The network of the MATLAB cloud white paper reaches ~50% on it in t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -274,6 +275,8 @@ def cli_main(argv: list[str]) -> int:
             batches, archives = d / CIFAR10_DIRNAME, [d / a for a in _ARCHIVE_NAMES if (d / a).is_file()]
             found = ("extracted" if find_cifar10(d) == batches else "") or (
                 f"archive {archives[0].name}" if archives else "nothing")
+            if os.path.lexists(d) and not d.is_dir():  # a file, a dangling link or a symlink loop
+                found = "not a folder" + (" (LABKIT_DATA points here)" if d == config.data_dir() else "")
             print(f"  {d}: {found}")
         batches = find_cifar10() or _find_archive()
         problem = cifar10_problem() if batches else None

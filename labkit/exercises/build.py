@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -184,19 +185,77 @@ def list_exercises(source=None) -> list[Exercise]:
     return [ex for path in course_notebooks(source) for ex in exercises(_read(path), path.name)]
 
 
-def build(out_dir, source=None) -> list[Path]:
-    """Write the learner edition of every course notebook into out_dir; returns the paths written."""
+MANIFEST = ".labkit-learner-edition.json"  # what build wrote into a folder: {name: sha256 of its bytes}
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+    return hashlib.sha256(data).hexdigest()
+
+
+def _manifest(out_dir: Path) -> dict:
+    """{notebook name: sha256} of what build wrote into out_dir ({} when it wrote nothing there)."""
+    import json
+    try:
+        written = json.loads((out_dir / MANIFEST).read_text()).get("written", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return written if isinstance(written, dict) else {}
+
+
+def foreign_notebooks(out_dir, names) -> list[str]:
+    """Those of names in out_dir whose content build did not write there itself (an instructor copy, a
+    learner's edits, a link): the files a build would overwrite and must not without force."""
+    out_dir = Path(out_dir)
+    mine = _manifest(out_dir)
+    foreign = []
+    for name in names:
+        path = out_dir / name
+        if not os.path.lexists(path):
+            continue
+        try:
+            ours = not path.is_symlink() and _sha256(path.read_bytes()) == mine.get(name)
+        except OSError:
+            ours = False
+        if not ours:
+            foreign.append(name)
+    return foreign
+
+
+def build(out_dir, source=None, force: bool = False) -> list[Path]:
+    """Write the learner edition of every course notebook into out_dir; returns the paths written.
+
+    Never overwrites a notebook it did not write itself: out_dir's manifest records the SHA-256 of each file
+    build wrote, and a notebook in the way with other content (a copy of the instructor edition, a learner's
+    edits) is refused, by name, unless force=True. Each file is replaced through labkit.base.resultsfile's writer:
+    a new directory entry, so a hard-linked copy never writes into the instructor's files, and a full disk
+    leaves every notebook either old or new, never half-written. (00_welcome)
+    """
     import nbformat
+
+    from labkit.base import resultsfile
     paths = course_notebooks(source)
     out_dir = Path(out_dir)
-    if out_dir.resolve() == paths[0].parent.resolve():
+    resultsfile.target_of(out_dir)  # a symlink loop: one line
+    if os.path.lexists(out_dir) and not out_dir.is_dir():
+        raise ValueError(f"DIR {out_dir} is not a folder")
+    if os.path.realpath(out_dir) == os.path.realpath(paths[0].parent):
         raise ValueError(f"out_dir must differ from the notebooks' own folder {paths[0].parent} (it would "
                          "overwrite the instructor edition)")
+    rendered = {path.name: nbformat.writes(learner_edition(_read(path), path.name)) for path in paths}
+    rendered = {name: (text if text.endswith("\n") else text + "\n").encode() for name, text in rendered.items()}
+    foreign = foreign_notebooks(out_dir, rendered) if out_dir.is_dir() else []
+    if foreign and not force:
+        raise ValueError(f"{out_dir} holds notebooks that build did not write: {', '.join(foreign)}; they would "
+                         "be overwritten. Choose an empty folder, or pass --force to replace them")
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for path in paths:
-        target = out_dir / path.name
-        nbformat.write(learner_edition(_read(path), path.name), str(target))
+    resultsfile.check_space(out_dir / MANIFEST, sum(len(b) for b in rendered.values()) + 4096, "DIR")
+    written, mine = [], _manifest(out_dir)
+    for name, data in rendered.items():
+        target = out_dir / name
+        resultsfile.write_bytes(target, data, follow_symlinks=False)  # a link in the way is replaced, not followed
+        mine[name] = _sha256(data)
+        resultsfile.write_json(out_dir / MANIFEST, {"written": mine}, follow_symlinks=False)
         written.append(target)
     return written
 
@@ -213,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="write the notebooks with the solutions removed into DIR")
     b.add_argument("dir", metavar="DIR", help="output folder, e.g. learner/")
     b.add_argument("--from", dest="source", metavar="NOTEBOOKS", help="source folder (default: the course's)")
+    b.add_argument("--force", action="store_true",
+                   help="replace notebooks in DIR that build did not write (an instructor copy, edited files)")
     ls = sub.add_parser("list", help="print every exercise: notebook, title, what its checker checks")
     ls.add_argument("--from", dest="source", metavar="NOTEBOOKS", help="source folder (default: the course's)")
     return parser
@@ -232,7 +293,7 @@ def cli_main(argv: list[str]) -> int:
                 print(ex)
             print(f"{len(found)} exercises")
         else:
-            written = build(args.dir, args.source)
+            written = build(args.dir, args.source, force=args.force)
             print(f"learner edition: {len(written)} notebooks, {len(found)} exercises, in {Path(args.dir)}")
     except (OSError, ValueError) as err:
         print(f"labkit exercises: {err}", file=sys.stderr)

@@ -316,23 +316,9 @@ def write_doc(rows: list[Minutes], path: Path = DOC) -> bool:
         begin, end = _markers(name)
         text = text[:text.index(begin) + len(begin)] + "\n" + body + "\n" + text[text.index(end):]
     if text != old:
-        _write_atomic(path, text)
+        from labkit.base import resultsfile
+        resultsfile.write_text(path, text)
     return text != old
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    # temp file in the same folder, fsync, os.replace: a reader never sees half a guide
-    import os
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path.resolve())
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def main(argv=None) -> int:

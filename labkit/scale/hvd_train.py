@@ -231,10 +231,11 @@ def train(args) -> dict:
     it = ds
     total_steps = args.warmup_steps + args.steps * args.repeats
     report_every = args.progress_every or args.steps
-    log_f = None
+    from labkit.base import resultsfile
+    log_path, log_lines = None, []
     if rank == 0 and args.checkpoint_dir:
         Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        log_f = open(Path(args.checkpoint_dir) / "log.jsonl", "w")
+        log_path = Path(args.checkpoint_dir) / "log.jsonl"
 
     step_times, cpu_times, losses = [], [], []
     t_start = time.perf_counter()
@@ -259,9 +260,9 @@ def train(args) -> dict:
             msg = {"step": done, "steps": args.steps * args.repeats, "loss": round(loss, 4),
                    "lr": float(lr_fn(i)), "elapsed_s": round(time.perf_counter() - t_start, 2)}
             print(f"{PROGRESS_TAG} {json.dumps(msg)}", flush=True)
-            if log_f:
-                log_f.write(json.dumps(msg) + "\n")
-                log_f.flush()
+            if log_path:  # the whole log rewritten atomically (a few lines): a kill leaves the last complete one
+                log_lines.append(json.dumps(msg) + "\n")
+                resultsfile.write_text(log_path, "".join(log_lines))
 
     controller = "mpi" if hvd.mpi_enabled() else "gloo"  # which one hvd.init chose (the launcher's)
     thread_cpu_ms = thread_cpu_by_role(threads_at_start, _thread_snapshot(), comm_tids, args.steps * args.repeats,
@@ -296,8 +297,8 @@ def train(args) -> dict:
     }
     result.update(training.summarize_times(step_times, args.batch_size, args.steps))
     if rank == 0 and args.checkpoint_dir:
-        model.save_weights(str(Path(args.checkpoint_dir) / "weights.h5"))
-        log_f.close()
+        with resultsfile.replacing_path(Path(args.checkpoint_dir) / "weights.h5") as tmp:
+            model.save_weights(str(tmp))
     return result
 
 
@@ -334,9 +335,8 @@ def main(argv=None) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        tmp = out / f".rank{result['rank']}.json.tmp"
-        tmp.write_text(json.dumps(result))
-        tmp.replace(out / f"rank{result['rank']}.json")  # atomic: a reader never sees half a file
+        from labkit.base import resultsfile
+        resultsfile.write_text(out / f"rank{result['rank']}.json", json.dumps(result))  # a reader never sees half a file
     return 0
 
 

@@ -318,6 +318,13 @@ def _failure(label, timeout, wall, proc, timed_out, tails, launcher_lines) -> Ho
     tail = list(tails.get(rank, [])) if rank is not None else list(launcher_lines)
     where = f"rank {rank}" if rank is not None else "the launcher"
     body = "\n".join(f"  {t}" for t in tail) or "  (no stderr)"
+    # SIGKILL (exit 137, or -9) with nothing said: what the kernel's out-of-memory killer leaves behind
+    killed = proc.returncode in (137, -9) or any(re.search(r"(status code|Exit code:|exited with code) *(137|-9)\b"
+                                                            r"|signal 9 \(Killed\)", line) for line in launcher_lines)
+    if killed:
+        body = (f"  {where} was killed by SIGKILL (exit code 137), most likely by the kernel's out-of-memory "
+                "killer: the step needed more memory than the machine had. Lower --batch-size or the number "
+                "of ranks (`dmesg | grep -i oom` shows it)" + "".join(f"\n  {t}" for t in tail))
     return HorovodRunError(f"{label}: {where} failed (exit code {proc.returncode}) after {wall:.1f} s; "
                            f"all processes were stopped. Last stderr lines of {where}:\n{body}",
                            rank=rank, returncode=proc.returncode, stderr_tail=tail)

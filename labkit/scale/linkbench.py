@@ -134,9 +134,8 @@ def main(argv=None) -> int:
               "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default (64 MiB)")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(result))
-    tmp.replace(out / f"rank{rank}.json")
+    from labkit.base import resultsfile
+    resultsfile.write_text(out / f"rank{rank}.json", json.dumps(result))  # atomic: a reader never sees half a file
     return 0
 
 

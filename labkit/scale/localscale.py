@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from labkit.base import resultsfile
 from labkit.scale import scaling
 
 # controller_cost's committed measurement (04 shows it where Horovod has no MPI or the profile is quick)
@@ -316,6 +317,12 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"localscale: --{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}", file=sys.stderr)
             return 2
+    try:  # room for the results file now, not after the runs
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        resultsfile.check_space(args.out, resultsfile.RESULTS_RESERVE_BYTES, "--out")
+    except (OSError, ValueError) as err:
+        print(f"localscale: {err}", file=sys.stderr)
+        return 2
     try:
         cost = controller_cost(args.batch_size, rounds=args.rounds, model=args.model, steps=args.steps,
                                repeats=args.repeats, progress=True, timeout=600)
@@ -326,7 +333,7 @@ def main(argv=None) -> int:
                              rounds=args.rounds, steps=args.steps, repeats=args.repeats, data="random")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    resultsfile.write_json(out, doc)
     print(cost[["label", "no_sync_step_ms", "horovod_step_ms", "vs_no_sync"]].round(3).to_string(index=False))
     print("written:", out)
     return 0

@@ -12,6 +12,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -243,20 +244,80 @@ class Terminated(KeyboardInterrupt):
 
 
 def _check_json_path(path: str) -> None:
-    """The results file must be creatable now, not after minutes of training."""
+    """The results file must be writable, with room for it, now, not after minutes of training."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"--json must be a file path; {path} is a directory")
     if not target.parent.is_dir():
         raise ValueError(f"--json: the directory {target.parent} does not exist")
-    existed = target.exists()
-    try:
-        with open(target, "a"):
-            pass
-    except OSError as err:
-        raise ValueError(f"--json: cannot write {path} ({err.strerror})") from None
-    if not existed:
-        target.unlink()
+    from labkit.base import resultsfile
+    resultsfile.check_space(path, resultsfile.RESULTS_RESERVE_BYTES, "--json")  # room and rights, now
+
+
+def check_cores(nps, hosts=None, oversubscribe: bool = False, env=None) -> None:
+    """ValueError (one line, naming --np) when a launch on this machine would start more ranks than it has
+    cores, unless oversubscribe: each rank would get a slice of a core and the run could take the whole
+    timeout. Hosts given (or a Slurm allocation) are the user's own count of slots, checked by take_slots."""
+    from labkit.base import machine
+    env = os.environ if env is None else env
+    if oversubscribe or hosts is not None or env.get("SLURM_JOB_ID"):
+        return
+    cores, most = machine.cores(), max(nps)
+    if most > cores:
+        raise ValueError(f"--np {most} starts more ranks than this machine has cores ({cores}); each would get a "
+                         f"slice of a core and the run may last the whole --timeout. Use --np up to {cores}, or "
+                         "pass --oversubscribe to run it anyway")
+
+
+def training_bytes(model: str) -> tuple[int, int]:
+    """(activation bytes per image kept for the backward pass, weights + gradients + momentum bytes) of model
+    on the ranks' 32x32x3 images, 10 classes: labkit.flops' counts (03_flops). Loads TensorFlow."""
+    import warnings
+
+    from labkit import flops, models
+    with warnings.catch_warnings():  # a layer without a MAC rule still has its outputs counted
+        warnings.simplefilter("ignore")
+        report = flops.count(models.get(model, input_shape=(32, 32, 3), classes=10))
+    return report.activation_bytes(training=True), flops.training_state_bytes(report, optimizer_slots=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _child_bytes(model: str) -> tuple[int, int]:
+    """training_bytes(model), asked of a child Python unless TensorFlow is loaded here (`labkit scale` never
+    loads it itself)."""
+    if "tensorflow" in sys.modules:
+        return training_bytes(model)
+    code = f"import json; from labkit.scale import scaling; print(json.dumps(scaling.training_bytes({model!r})))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=child_env())
+    if out.returncode != 0:
+        raise RuntimeError(f"could not count {model}'s memory: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+    per_image, state = json.loads(out.stdout.strip().splitlines()[-1])
+    return int(per_image), int(state)
+
+
+def check_memory(model: str, batch_size: int, ranks_here: int, available=None) -> None:
+    """ValueError (one line, naming --batch-size, with the estimate) when ranks_here ranks training model on
+    batch_size images each cannot fit in this machine's available memory (other hosts are taken to be alike).
+    The estimate is training_bytes: a floor, since TensorFlow needs more (gradients of the activations,
+    workspace), so a batch refused here could never have run."""
+    import psutil
+    per_image, state = _child_bytes(model)
+    available = psutil.virtual_memory().available if available is None else available
+    per_rank = batch_size * per_image + state
+    if ranks_here * per_rank <= available:
+        return
+    fits = max(0, int((available / ranks_here - state) // per_image))
+    raise ValueError(f"--batch-size {batch_size} cannot fit in memory: {ranks_here} rank(s) x {per_rank / 2**30:.2f} GiB "
+                     f"({model}: {per_image / 1e6:.3f} MB of activations per image x {batch_size} images + "
+                     f"{state / 1e6:.1f} MB of weights, gradients and momentum; labkit.flops' estimate) > "
+                     f"{available / 2**30:.2f} GiB available. Use --batch-size {fits} or less, or fewer ranks")
+
+
+def ranks_per_host(hosts, np_: int) -> int:
+    """The most ranks one host runs in a launch of np_ (all of them on this machine when hosts is None)."""
+    if hosts is None:
+        return np_
+    return max(int(entry.rpartition(":")[2]) for entry in take_slots(hosts, np_))
 
 
 def _check_args(a) -> None:
@@ -281,6 +342,15 @@ def _check_args(a) -> None:
     if a.json_path:
         _check_json_path(a.json_path)
     check_model(a.model, "--model")
+    check_cores(a.np, a.hosts, a.oversubscribe)
+    if a.hosts is not None:
+        from labkit.scale import vcluster
+        problem = vcluster.launch_problem(a.hosts)
+        if problem:
+            raise ValueError(f"--hosts: {problem}")
+    for n in a.np:  # every launch must fit; under strong scaling a rank's batch shrinks with n
+        per_rank = a.batch_size // n if a.scaling == "strong" else a.batch_size
+        check_memory(a.model, max(1, per_rank), ranks_per_host(a.hosts, n))
 
 
 def cli_main(argv=None) -> int:
@@ -310,6 +380,8 @@ def cli_main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=600, help="seconds per launch before everything is killed")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than this machine has cores (each gets a slice of a core)")
     a = p.parse_args(argv)
     try:
         _check_args(a)
@@ -349,5 +421,6 @@ def cli_main(argv=None) -> int:
               f"efficiency {r['efficiency']:.2f} (uncontended steps: {r.get('p10_efficiency', float('nan')):.2f}), "
               f"checksums {'equal' if r['in_sync'] else 'DIFFER'}")
     if a.json_path:
-        Path(a.json_path).write_text(json.dumps(doc, indent=2))
+        from labkit.base import resultsfile
+        resultsfile.write_json(a.json_path, doc, indent=2)
     return 0 if doc["all_in_sync"] else 3

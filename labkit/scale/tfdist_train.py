@@ -90,7 +90,8 @@ def main(argv=None) -> int:
               "checksum_trainable": checksum([v.numpy() for v in model.trainable_variables])}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"worker{rank}.json").write_text(json.dumps(result))
+    from labkit.base import resultsfile
+    resultsfile.write_text(out / f"worker{rank}.json", json.dumps(result))  # a reader never sees half a file
     return 0
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from labkit.scale import launch
+from labkit.base import resultsfile
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "vcluster.sh"
@@ -73,6 +74,28 @@ def why_not() -> str | None:
         return (f"{', '.join(missing)} not installed (apt-get install iproute2 openssh-server "
                 "slurmctld slurmd slurm-client munge)")
     return None
+
+
+def launch_problem(hosts, netns_dir: Path = Path("/run/netns"), own_netns: str = "/proc/self/ns/net") -> str | None:
+    """Why a launch over hosts cannot work from here, or None: hosts naming nodes of the virtual cluster
+    (labkit-nodeK, up as network namespaces) reached from outside them. The nodes' names resolve on the host
+    too, but Gloo's rendezvous server would listen where the nodes cannot reach it, so horovodrun would end
+    in "HTTP request failed"; a launch must start on a node. Detected by comparing this process's network
+    namespace with the nodes' (their files in netns_dir are bind mounts of the namespaces)."""
+    names = [entry.rpartition(":")[0] for entry in launch.parse_hosts(hosts)]
+    nodes = [n for n in names if re.fullmatch(rf"{PREFIX}\d+", n) and (netns_dir / n).exists()]
+    if not nodes:
+        return None
+    try:
+        here = os.stat(own_netns)
+        node_ns = {(st.st_dev, st.st_ino) for st in (os.stat(p) for p in netns_dir.glob(f"{PREFIX}*"))}
+    except OSError:
+        return None  # cannot tell: let the launch speak for itself
+    if (here.st_dev, here.st_ino) in node_ns:
+        return None
+    return (f"{', '.join(nodes)} are nodes of the virtual cluster and this process runs on the host, outside "
+            "them: Gloo's rendezvous would be unreachable from the nodes. Launch from a node: "
+            f"scripts/vcluster.sh exec {nodes[0]} {sys.executable} -m labkit scale ...")
 
 
 def _script(*args, timeout=180, check=True) -> subprocess.CompletedProcess:
@@ -382,6 +405,13 @@ def run_cli(name: str, args, nodes: int, experiment, out: Path, table_of, check=
     if reason:
         print(f"{name}: {reason}", file=sys.stderr)
         return 2
+    out = Path(out)
+    try:  # room for the results file now, not after the cluster runs
+        out.parent.mkdir(parents=True, exist_ok=True)
+        resultsfile.check_space(out, resultsfile.RESULTS_RESERVE_BYTES, "--out")
+    except (OSError, ValueError) as err:
+        print(f"{name}: {err}", file=sys.stderr)
+        return 2
     started = nodes_up() < nodes
     if started:
         up(nodes, parse_link(rates[0])[0])
@@ -390,9 +420,7 @@ def run_cli(name: str, args, nodes: int, experiment, out: Path, table_of, check=
     finally:
         if started:
             down()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
+    resultsfile.write_json(out, res)
     print(table_of(res).round(3).to_string())
     print("written:", out)
     return 0

@@ -9,6 +9,8 @@ Uses labkit.flops (03) for the networks' MACs.
 from labkit.sweep.runner import (  # noqa: F401  (the package's API)
     check_writable,
     load_results,
+    locked,
+    merge_records,
     records_dataframe,
     settings_mismatch,
     write_results,

@@ -10,8 +10,9 @@ so K workers do not fight over the same cores, and each dies with the process th
 
 train_fn(config) returns {"accuracy": ..., "memory_bytes": ..., ...}; if it has settings(), those are
 stored in every record and a resume refuses a file made with other settings. Results file: JSON lines,
-one record per config, rewritten whole through a temporary file and os.replace after every result, so a
-kill at any moment leaves the previous complete file. labkit.sweep.networks uses it for the MATLAB white
+one record per config, merged into the file under its lock and rewritten through labkit.base.resultsfile's atomic
+writer after every result, so a kill at any moment leaves the previous complete file, and two sweeps writing
+the same file keep every record of both. labkit.sweep.networks uses it for the MATLAB white
 paper's 16 networks. (05_network_sweep)
 """
 from __future__ import annotations
@@ -31,8 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from labkit.base import machine
-from labkit.base.resultsfile import (check_writable, load_results, records_dataframe, settings_mismatch,  # noqa: F401
-                                write_results)
+from labkit.base.resultsfile import (check_writable, load_results, locked, merge_records,  # noqa: F401
+                                records_dataframe, settings_mismatch, write_results)
 from labkit.sweep.workerpool import kill_pool, new_pool, raise_interrupt
 
 _RUNNER_KEYS = ("key", "name", "config", "settings", "status", "error", "accuracy", "memory_bytes",
@@ -154,7 +155,8 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
               tensorflow: bool = True, warmup: bool = True, progress: bool = True) -> SweepRun:
     """Train each config with train_fn(config) -> {"accuracy", "memory_bytes", ...} in num_workers processes.
 
-    out: JSON-lines results file, rewritten atomically after every result. resume=True skips configs
+    out: JSON-lines results file; each result is merged into it under its lock and the file rewritten
+    atomically (another sweep on the same file keeps its records). resume=True skips configs
     that already have an "ok" record there (and failed ones too if retry_failed=False), and refuses a file
     made with other train_fn.settings(); resume=False starts the file over. threads_per_worker: default
     cores // num_workers (at least 1). max_new: train at most this many configs in this call (a lease
@@ -195,7 +197,8 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
                 raise ValueError(f"resume: {why}; resume with the same settings, start over with resume=False, "
                                  "or use another out file")
     else:
-        write_results(out, [])
+        with locked(out):
+            write_results(out, [])
 
     def finished(key):
         rec = done.get(key)
@@ -214,8 +217,9 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
         bar = tqdm(total=len(configs), initial=skipped, desc=f"sweep ({num_workers} workers)", unit="config")
 
     def land(rec):
-        done[rec["key"]] = rec  # a retried config replaces its old record
-        write_results(out, list(done.values()))
+        # merged under the results file's lock: records another sweep wrote to out meanwhile are kept
+        for merged in merge_records(out, [rec]):
+            done[merged["key"]] = merged
         run.ran += 1
         if bar is not None:
             bar.set_postfix_str(f"{rec['name']}: {rec['status']}", refresh=False)
