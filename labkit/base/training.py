@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from labkit.base import config
+from labkit.base.progress import in_jupyter  # noqa: F401  (its home: progress bars use it too)
 from labkit.base.rankstats import summarize_times, weights_checksum  # noqa: F401  (per-rank results)
 
 # trainingOptions of the MATLAB white paper "Deep Learning in the Cloud", verbatim
@@ -227,14 +228,6 @@ def current_lr(optimizer) -> float:
     return float(tf.keras.backend.get_value(optimizer.learning_rate))
 
 
-def in_jupyter() -> bool:
-    """True inside a Jupyter kernel (where a figure can be redrawn in place), False in a terminal or pytest."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel")
 
 
 class LiveProgress(tf.keras.callbacks.Callback):

@@ -113,3 +113,13 @@ def test_set_seed_gives_the_same_initial_weights_in_every_process():
                               check=True).stdout.split()[-1]
     assert weights("all") == weights("all")
     assert weights("tf_only") != weights("tf_only")  # the trap itself, so the test notices if Keras changes
+
+
+def test_describe_shows_the_data_folder_under_home_as_tilde(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    assert "data_dir=~/.labkit/data (LABKIT_DATA)" in config.describe() and str(tmp_path) not in config.describe()
+    assert config.shown_path(tmp_path / "x" / "y") == str(Path("~", "x", "y"))
+    assert config.shown_path("/srv/shared/data") == "/srv/shared/data"  # a site folder outside home stays as it is
