@@ -467,6 +467,20 @@ def plot_misclassified(x, evaluation: Evaluation, class_names=None, n=12):
     return fig
 
 
+def filter_smoothness(w) -> np.ndarray:
+    """Per filter of an HWIO kernel: the correlation between horizontally and vertically neighbouring weights
+    (about 0 for random noise, near 1 for smooth bands and blobs, -1 for a checkerboard). (01_cnn_basics)"""
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 4 or w.shape[0] < 2 or w.shape[1] < 2:
+        raise ValueError(f"w must be an HWIO kernel of at least 2x2; got shape {w.shape}")
+    out = []
+    for k in np.moveaxis(w, -1, 0):  # one filter (kh, kw, c_in) at a time
+        a = np.concatenate([k[1:].ravel(), k[:, 1:].ravel()])
+        b = np.concatenate([k[:-1].ravel(), k[:, :-1].ravel()])
+        out.append(np.corrcoef(a, b)[0, 1])
+    return np.array(out)
+
+
 def plot_filters(model, layer=None):
     """First-layer (or the named Conv2D layer's) filters as small RGB images, each scaled to [0, 1]."""
     import matplotlib.pyplot as plt
