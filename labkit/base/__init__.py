@@ -6,6 +6,7 @@
     horovod     which Horovod this environment has: its horovodrun and what it was built with
     doctor      `labkit doctor`: what is installed and working, with a one-line fix for each problem
     training    the training step, LR schedules, live progress, resume, evaluation
+    progress    progress bars whose final state is what a saved notebook keeps
     rankstats   per-rank results of a data-parallel run: weights checksum, step-time summary
     resultsfile results written atomically: JSON lines, one record per config, settings checked on resume
 

@@ -123,10 +123,19 @@ def set_seed(seed: int = 42, deterministic: bool = False) -> int:
     return seed
 
 
+def shown_path(path) -> str:
+    """A path as a notebook's output may show it: under the home directory as ~/..., so no machine's path is kept."""
+    path, home = Path(path).expanduser(), Path.home()
+    try:
+        return str(Path("~") / path.relative_to(home))
+    except ValueError:  # outside home (a site's shared data folder): the site's own path is what to show
+        return str(path)
+
+
 def describe() -> str:
     """A notebook's header: which profile and data directory produced these numbers, and how busy the machine was."""
     from labkit.base import machine, timing  # here: config is imported first and stays light
-    line = f"profile={profile()} (LABKIT_PROFILE), data_dir={data_dir()} (LABKIT_DATA)"
+    line = f"profile={profile()} (LABKIT_PROFILE), data_dir={shown_path(data_dir())} (LABKIT_DATA)"
     # measured numbers depend on what else runs: the load shows it beside them (scripts/refresh_notebooks.py)
     line += f"\nload average {timing.load_average():.2f} (1 min) on {machine.cores()} cores"
     return f"{line}\n{SMOKE_NOTE} (LABKIT_SMOKE=1)" if smoke_scale() else line

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from labkit.base import config
+from labkit.base.progress import in_jupyter  # noqa: F401  (its home: progress bars use it too)
 from labkit.base.rankstats import summarize_times, weights_checksum  # noqa: F401  (per-rank results)
 
 # trainingOptions of the MATLAB white paper "Deep Learning in the Cloud", verbatim
@@ -227,14 +228,6 @@ def current_lr(optimizer) -> float:
     return float(tf.keras.backend.get_value(optimizer.learning_rate))
 
 
-def in_jupyter() -> bool:
-    """True inside a Jupyter kernel (where a figure can be redrawn in place), False in a terminal or pytest."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and hasattr(shell, "kernel")
 
 
 class LiveProgress(tf.keras.callbacks.Callback):
@@ -472,6 +465,20 @@ def plot_misclassified(x, evaluation: Evaluation, class_names=None, n=12):
     fig.suptitle("misclassified test images (true -> predicted)")
     fig.tight_layout()
     return fig
+
+
+def filter_smoothness(w) -> np.ndarray:
+    """Per filter of an HWIO kernel: the correlation between horizontally and vertically neighbouring weights
+    (about 0 for random noise, near 1 for smooth bands and blobs, -1 for a checkerboard). (01_cnn_basics)"""
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 4 or w.shape[0] < 2 or w.shape[1] < 2:
+        raise ValueError(f"w must be an HWIO kernel of at least 2x2; got shape {w.shape}")
+    out = []
+    for k in np.moveaxis(w, -1, 0):  # one filter (kh, kw, c_in) at a time
+        a = np.concatenate([k[1:].ravel(), k[:, 1:].ravel()])
+        b = np.concatenate([k[:-1].ravel(), k[:, :-1].ravel()])
+        out.append(np.corrcoef(a, b)[0, 1])
+    return np.array(out)
 
 
 def plot_filters(model, layer=None):

@@ -61,6 +61,18 @@ RATIOS = {"im2col_vs_tf": ("im2col", "tf"), "im2col_vs_gemm": ("im2col", "gemm")
           "gemm_vs_tf": ("gemm", "tf"), "tf_gemm_vs_tf": ("tf_gemm", "tf"), "im2col_vs_naive": ("im2col", "naive")}
 
 
+# the short names the notebook and the printed table use: im2tf = the tf engine, tfgemm = TensorFlow's bare GEMM
+SHORT = {"im2col": "im2col", "im2col_tf": "im2tf", "tf": "tf", "gemm": "gemm", "tf_gemm": "tfgemm", "naive": "naive"}
+# the ratios 02_im2col's text reads: the copy's cost, each GEMM engine against TF's conv, the loops
+READ_RATIOS = ("im2col_vs_tf", "im2col_vs_gemm", "gemm_vs_tf", "tf_gemm_vs_tf", "im2col_tf_vs_tf_gemm", "im2col_vs_naive")
+
+
+def ratio_name(key: str) -> str:
+    """'im2col_tf_vs_tf_gemm' -> 'im2tf/tfgemm': a ratio of RATIOS as the printed table heads it."""
+    top, bottom = RATIOS[key]
+    return f"{SHORT[top]}/{SHORT[bottom]}"
+
+
 @dataclass
 class LayerResult:
     layer: str
@@ -135,6 +147,44 @@ class BenchResult:
             row.update({k.replace("_vs_", "/"): round(v, 2) for k, v in r.ratios.items()})
             rows.append(row)
         return pd.DataFrame(rows).set_index("layer")
+
+    def header(self) -> str:
+        """The run's configuration: profile, statistic, machine, GEMM rate, threads and load (what __str__ starts with)."""
+        return str(self).split("\n\nengines:", 1)[0]
+
+    def ratio_table(self, ratios=READ_RATIOS):
+        """One row per layer: its GEMM's M x K x N and the chosen ratios, named as the notebook names them (02_im2col)."""
+        import pandas as pd
+
+        unknown = [k for k in ratios if k not in RATIOS]
+        if unknown:
+            raise ValueError(f"ratios must be names from bench.RATIOS ({', '.join(RATIOS)}); got {unknown}")
+        rows = []
+        for r in self.layers:
+            row = {"layer": r.layer, "M x K x N": " x ".join(map(str, r.gemm_mkn))}
+            row.update({ratio_name(k): (round(r.ratios[k]) if k == "im2col_vs_naive" else round(r.ratios[k], 2))
+                        for k in ratios if k in r.ratios})
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("layer")
+
+    def plot_ratios(self, ratios=("im2col_vs_gemm", "im2col_tf_vs_tf_gemm", "gemm_vs_tf", "tf_gemm_vs_tf"), ax=None):
+        """Bar chart of speed ratios per layer on a linear axis, with 1 (equal speed) as a line (02_im2col)."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
+        width = 0.8 / len(ratios)
+        xs = np.arange(len(self.layers))
+        for i, key in enumerate(ratios):
+            ax.bar(xs + (i - (len(ratios) - 1) / 2) * width, [r.ratios.get(key, np.nan) for r in self.layers],
+                   width, label=ratio_name(key))
+        ax.axhline(1.0, color="k", ls="--", lw=1, label="1 = equal speed")
+        ax.set_xticks(xs, [r.layer for r in self.layers], fontsize=8, rotation=30, ha="right")
+        ax.set_ylabel("speed ratio (x)")
+        ax.set_title(f"ResNet-50 conv layers on random tensors, batch {self.batch_size}, float32 ({self.profile} "
+                     f"profile): speed ratios", pad=24)
+        ax.legend(fontsize=8, ncol=len(ratios) + 1, loc="lower center", bbox_to_anchor=(0.5, 1.02), frameon=False)
+        return ax
 
     def __str__(self) -> str:
         stat = {"best": "fastest", "paired": "ratios: median over rounds of each round's ratio, GFLOP/s: median"}.get(

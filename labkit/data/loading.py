@@ -159,7 +159,7 @@ def load_dataset(name=None, *, n_train=None, n_test=None, data_dir=None, seed=0,
             raise ValueError(f"{pname} must be a positive int; got {value!r}")
     if name == "cifar10":
         (x_train, y_train), (x_test, y_test) = load_cifar10(data_dir, download=download)
-        source, classes, note = str(find_cifar10(data_dir) or "download"), CIFAR10_CLASSES, ""
+        source, classes, note = config.shown_path(find_cifar10(data_dir) or "download"), CIFAR10_CLASSES, ""
         x_train, y_train, x_test, y_test = x_train[:n_train], y_train[:n_train], x_test[:n_test], y_test[:n_test]
     else:
         (x_train, y_train), (x_test, y_test) = synthetic(n_train, n_test, seed)

@@ -212,9 +212,9 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm  # networks done / total, rate and time left
+        from labkit.base import progress as progress_bars  # networks done / total, rate and time left
 
-        bar = tqdm(total=len(configs), initial=skipped, desc=f"sweep ({num_workers} workers)", unit="config")
+        bar = progress_bars.bar(len(configs), f"sweep ({num_workers} workers)", "config", initial=skipped)
 
     def land(rec):
         # merged under the results file's lock: records another sweep wrote to out meanwhile are kept

@@ -304,9 +304,9 @@ def compare_strategies(base, x, y, x_test, y_test, *, sizes, strategies=STRATEGI
     runs = [(n, s) for n in sizes for s in strategies]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from labkit.base import progress as progress_bars
 
-        bar = tqdm(total=len(runs), desc="transfer runs", unit="run")
+        bar = progress_bars.bar(len(runs), "transfer runs", "run")
     for n, strategy in runs:
         xs, ys = per_class_subset(x, y, n, seed=seed)
         model, optimizer = make_strategy(strategy, base, classes, lr=lr, seed=seed)

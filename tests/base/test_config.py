@@ -125,3 +125,13 @@ def test_describe_shows_the_load_average_and_the_cores():
     assert found, text
     assert min(before, after) - 0.005 <= float(found[1]) <= max(before, after) + 0.005
     assert 1 <= int(found[2]) <= len(os.sched_getaffinity(0))
+
+
+def test_describe_shows_the_data_folder_under_home_as_tilde(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("LABKIT_DATA", raising=False)
+    assert "data_dir=~/.labkit/data (LABKIT_DATA)" in config.describe() and str(tmp_path) not in config.describe()
+    assert config.shown_path(tmp_path / "x" / "y") == str(Path("~", "x", "y"))
+    assert config.shown_path("/srv/shared/data") == "/srv/shared/data"  # a site folder outside home stays as it is

@@ -386,3 +386,15 @@ def test_random_batch_shapes_and_bad_input():
     np.testing.assert_array_equal(x, data.random_batch(4, image_size=16, classes=7, seed=3)[0])
     with pytest.raises(ValueError, match="image_size"):
         data.random_batch(4, image_size=0)
+
+
+def test_filter_smoothness_tells_noise_from_smooth_patterns():
+    rng = np.random.default_rng(0)
+    noise = rng.normal(size=(5, 5, 3, 200))
+    assert abs(training.filter_smoothness(noise).mean()) < 0.05  # independent weights: no correlation
+    ramp = np.add.outer(np.arange(5.0), np.arange(5.0))[:, :, None, None].repeat(3, axis=2)  # a smooth gradient
+    checker = (-1.0) ** np.add.outer(np.arange(5), np.arange(5))[:, :, None, None]
+    s = training.filter_smoothness(np.concatenate([ramp, checker.repeat(3, axis=2)], axis=3))
+    assert s[0] > 0.7 and s[1] == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="HWIO"):
+        training.filter_smoothness(np.zeros((5, 5, 3)))

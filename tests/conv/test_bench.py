@@ -225,3 +225,26 @@ def test_conv_bench_command_single_core_cpu_time():
     assert proc.returncode == 0, proc.stderr
     assert "BLAS and im2col workers 1, TensorFlow intra-op 1, inter-op 1" in proc.stdout and "CPU time" in proc.stdout
     assert proc.stdout.count(" 3x3 ") >= 4
+
+
+def test_ratio_table_and_plot_show_the_ratios_the_notebook_reads():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    layers = [bench.ConvLayer("small 3x3", 8, 4, 6, 3), bench.ConvLayer("small 1x1", 8, 6, 4, 1)]
+    result = bench.conv_bench(layers, batch_size=2, repeats=2, naive_size=3)
+    table = result.ratio_table()
+    assert list(table.columns) == ["M x K x N", "im2col/tf", "im2col/gemm", "gemm/tf", "tfgemm/tf", "im2tf/tfgemm",
+                                   "im2col/naive"]
+    row = result.layers[0]  # each column against the GFLOP/s it is the ratio of
+    assert table.loc["small 3x3", "im2tf/tfgemm"] == pytest.approx(row.gflops["im2col_tf"] / row.gflops["tf_gemm"], abs=0.006)
+    assert table.loc["small 3x3", "im2col/naive"] == pytest.approx(row.gflops["im2col"] / row.gflops["naive"], abs=0.6)
+    header = result.header()
+    assert header.startswith("conv-bench: profile=") and "load average" in header and "small 3x3" not in header
+    ax = result.plot_ratios()
+    assert ax.get_yscale() == "linear" and len(ax.patches) == 4 * 2
+    heights = sorted(p.get_height() for p in ax.patches)
+    assert heights == pytest.approx(sorted(row.ratios[k] for row in result.layers
+                                           for k in ("im2col_vs_gemm", "im2col_tf_vs_tf_gemm", "gemm_vs_tf", "tf_gemm_vs_tf")))
+    with pytest.raises(ValueError, match="ratios must be"):
+        result.ratio_table(["im2col_vs_everything"])
