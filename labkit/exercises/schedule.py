@@ -53,16 +53,15 @@ DAY = Schedule("one day", (
     Block("lunch", 45),
     Block("slot 4", 60, ("04",)),
     Block("break", 15),
-    Block("slot 5", 60, ("07",)),
-    Block("slot 6", 60, ("05", "06")),
+    Block("slot 5", 60, ("05",)),
+    Block("slot 6", 60, ("06", "07")),
     Block("wrap-up", 15),
 ), kept_only=False, after="self-paced")
 HALF_DAY = Schedule("half day", (
-    Block("slot 1", 45, ("00", "01")),
-    Block("slot 2", 40, ("02",)),
+    Block("slot 1", 55, ("00", "01")),
+    Block("slot 2", 50, ("02",)),
     Block("break", 15),
-    Block("slot 3", 35, ("03",)),
-    Block("slot 4", 60, ("04",)),
+    Block("slot 3", 60, ("04",)),
     Block("wrap-up", 15),
 ), kept_only=True, after="homework")
 SCHEDULES = (DAY, HALF_DAY)
