@@ -59,6 +59,13 @@ LABELS = {"im2col": "im2col + numpy GEMM", "im2col_tf": "im2col + TensorFlow GEM
 RATIOS = {"im2col_vs_tf": ("im2col", "tf"), "im2col_vs_gemm": ("im2col", "gemm"),
           "im2col_tf_vs_tf": ("im2col_tf", "tf"), "im2col_tf_vs_tf_gemm": ("im2col_tf", "tf_gemm"),
           "gemm_vs_tf": ("gemm", "tf"), "tf_gemm_vs_tf": ("tf_gemm", "tf"), "im2col_vs_naive": ("im2col", "naive")}
+# the printed table: (method, title, width, format) per GFLOP/s column, (ratio, title, width) per ratio column
+_COLUMNS = (("im2col", "im2col", 7, "7.1f"), ("im2col_tf", "im2tf", 6, "6.1f"), ("tf", "tf", 6, "6.1f"),
+            ("gemm", "gemm", 6, "6.1f"), ("tf_gemm", "tfgemm", 6, "6.1f"), ("naive", "naive", 7, "7.4f"))
+_RATIO_COLUMNS = (("im2col_vs_tf", "im2col/tf", 9), ("im2col_vs_gemm", "im2col/gemm", 11),
+                  ("im2col_tf_vs_tf", "im2tf/tf", 8), ("im2col_tf_vs_tf_gemm", "im2tf/tfgemm", 12),
+                  ("gemm_vs_tf", "gemm/tf", 7), ("tf_gemm_vs_tf", "tfgemm/tf", 9),
+                  ("im2col_vs_naive", "im2col/naive", 12))
 
 
 # the short names the notebook and the printed table use: im2tf = the tf engine, tfgemm = TensorFlow's bare GEMM
@@ -113,6 +120,7 @@ class BenchResult:
     clock: str = "wall"  # "wall": elapsed time; "cpu": CPU time of all threads (GFLOP/s per busy core)
     stat: str = "best"  # GFLOP/s and ratios at the fastest repeat ("best"), at the median, or "paired" (see conv_bench)
     onednn: object = None  # whether TensorFlow ran its oneDNN kernels (None: not known)
+    methods: tuple = METHODS  # the methods timed (--methods); the table shows only their columns
 
     def summary(self) -> dict:
         """Per kernel size ("3x3", "1x1"), per ratio: geometric mean over the layers, worst value and layer."""
@@ -207,23 +215,27 @@ class BenchResult:
                          f"{os.cpu_count()} cores" + (": other programs competed for the CPU; trust the "
                                                       "ratios more than the GFLOP/s" if busy else ""))
         lines.append("")
-        lines.append("engines: im2col = numpy's im2col + numpy GEMM; im2tf = conv2d_im2col(engine='tf'), tf.gather + "
-                     "TensorFlow GEMM; gemm, tfgemm = a bare GEMM of the same M x K x N with numpy, with TensorFlow")
-        head = (f"{'layer':<20} {'M x K x N':>18} {'im2col':>7} {'im2tf':>6} {'tf':>6} {'gemm':>6} {'tfgemm':>6} "
-                f"{'naive':>7}  {'im2col/tf':>9} {'im2col/gemm':>11} {'im2tf/tf':>8} {'im2tf/tfgemm':>12} "
-                f"{'gemm/tf':>7} {'tfgemm/tf':>9} {'im2col/naive':>12}")
-        lines += [head, f"{'':<20} {'':>18} {'--------------- GFLOP/s ---------------':>45}", "-" * len(head)]
+        if {"im2col_tf", "gemm", "tf_gemm"} & set(self.methods):
+            lines.append("engines: im2col = numpy's im2col + numpy GEMM; im2tf = conv2d_im2col(engine='tf'), "
+                         "tf.gather + TensorFlow GEMM; gemm, tfgemm = a bare GEMM of the same M x K x N with numpy, "
+                         "with TensorFlow")
+        shown = [c for c in _COLUMNS if c[0] in self.methods or (c[0] == "naive" and self.methods == METHODS)]
+        ratios = [c for c in _RATIO_COLUMNS if set(RATIOS[c[0]]) <= set(self.methods)]
+        head = (f"{'layer':<20} {'M x K x N':>18} " + " ".join(f"{title:>{width}}" for _, title, width, _ in shown)
+                + "  " + " ".join(f"{title:>{width}}" for _, title, width in ratios))
+        span = sum(width + 1 for _, _, width, _ in shown) + 1
+        banner = ("--------------- GFLOP/s ---------------" if len(shown) == len(_COLUMNS)
+                  else f"{' GFLOP/s ':-^{span - 2}}")
+        lines += [head.rstrip(), f"{'':<20} {'':>18} {banner:>{span}}", "-" * len(head.rstrip())]
         nan = float("nan")
         for r in self.layers:
             g, q = r.gflops, r.ratios
-            cell = (lambda key, width, fmt: format(q[key], fmt) + "x" if key in q else f"{'-':>{width}}")
-            naive = f"{g['naive']:7.4f}" if g.get("naive") else f"{'-':>7}"
-            lines.append(f"{r.layer:<20} {' x '.join(map(str, r.gemm_mkn)):>18} {g['im2col']:7.1f} "
-                         f"{g.get('im2col_tf', nan):6.1f} {g['tf']:6.1f} {g['gemm']:6.1f} {g.get('tf_gemm', nan):6.1f} "
-                         f"{naive}  {cell('im2col_vs_tf', 9, '8.2f')} {cell('im2col_vs_gemm', 11, '10.2f')} "
-                         f"{cell('im2col_tf_vs_tf', 8, '7.2f')} {cell('im2col_tf_vs_tf_gemm', 12, '11.2f')} "
-                         f"{cell('gemm_vs_tf', 7, '6.2f')} {cell('tf_gemm_vs_tf', 9, '8.2f')} "
-                         f"{cell('im2col_vs_naive', 12, '11.0f')}")
+            cells = [format(g[m], fmt) if g.get(m) else f"{'-':>{width}}" if m == "naive"
+                     else format(g.get(m, nan), fmt) for m, _, width, fmt in shown]
+            cells2 = [format(q[key], f"{width - 1}.{0 if key == 'im2col_vs_naive' else 2}f") + "x" if key in q
+                      else f"{'-':>{width}}" for key, _, width in ratios]
+            lines.append(f"{r.layer:<20} {' x '.join(map(str, r.gemm_mkn)):>18} " + " ".join(cells) + "  "
+                         + " ".join(cells2))
         if any(r.naive_shape for r in self.layers):
             shape = next(r.naive_shape for r in self.layers if r.naive_shape)
             lines.append(f"naive: on one {shape[1]}x{shape[2]} image with {shape[4]} filters (its GFLOP/s do not "
@@ -270,7 +282,7 @@ def default_settings(profile: str | None = None) -> dict:
 
 def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size=None,
                chunk_size="auto", naive=True, seed=0, progress=None, threads=None, cpu_time=False,
-               stat="best") -> BenchResult:
+               stat="best", methods=METHODS) -> BenchResult:
     """Time conv2d_im2col (both engines), tf.nn.conv2d and bare GEMMs of the same M x K x N (numpy's and TensorFlow's)
     side by side on each layer, and conv2d_naive on one naive_size x naive_size image with a few filters
     (its speed per FLOP does not depend on the size); defaults come from the profile (02_im2col).
@@ -281,10 +293,12 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
     by the process's CPU time (all threads) instead of wall-clock: GFLOP/s per busy core. stat="best"
     (default) reports GFLOP/s and ratios at each method's fastest repeat, "median" at the median; "paired"
     takes each ratio within every round-robin round (the two methods ran back to back, under the same load)
-    and reports the median of those, with GFLOP/s at the median.
+    and reports the median of those, with GFLOP/s at the median. methods: which of METHODS to time (e.g.
+    ("im2col", "tf"): only those alternate, so each pair runs back to back); naive=False drops "naive".
     """
     if stat not in ("best", "median", "paired"):
         raise ValueError(f"stat must be 'best', 'median' or 'paired'; got {stat!r}")
+    methods = _check_methods(methods)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a positive int or None; got {threads!r}")
     for name, value in (("batch_size", batch_size), ("repeats", repeats), ("naive_size", naive_size)):
@@ -296,7 +310,7 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
     import tensorflow as tf
     from threadpoolctl import threadpool_limits
 
-    args = (layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time, stat)
+    args = (layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time, stat, methods)
     if threads is not None:
         if (tf.config.threading.get_intra_op_parallelism_threads() != threads
                 or tf.config.threading.get_inter_op_parallelism_threads() != threads):
@@ -311,8 +325,15 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
     return _conv_bench(*args)
 
 
+def _check_methods(methods) -> tuple:
+    """methods as a tuple in METHODS' order: a non-empty collection of its names."""
+    if isinstance(methods, str) or not methods or not set(methods) <= set(METHODS):
+        raise ValueError(f"methods must be a non-empty list of {', '.join(METHODS)}; got {methods!r}")
+    return tuple(m for m in METHODS if m in methods)
+
+
 def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time,
-                stat) -> BenchResult:
+                stat, methods) -> BenchResult:
     clock = time.process_time if cpu_time else time.perf_counter
     settings = default_settings()
     batch_size = batch_size or settings["batch_size"]
@@ -326,7 +347,8 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
                          threads={"blas": conv.blas_threads(),
                                   "tf_intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
                                   "tf_inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
-                         clock="cpu" if cpu_time else "wall", stat=stat, onednn=machine.tf_onednn_enabled())
+                         clock="cpu" if cpu_time else "wall", stat=stat, onednn=machine.tf_onednn_enabled(),
+                         methods=methods)
     for layer in layers:
         g = layer.geometry(batch_size)
         m, k = g.cols_shape
@@ -348,8 +370,9 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
         # the implementations agree before any of them is timed
         expected = fns["tf"]()
         for name in ("im2col", "im2col_tf"):
-            np.testing.assert_allclose(fns[name](), expected, rtol=1e-3, atol=1e-3)
-        timings = compare(fns, repeats=repeats, clock=clock)
+            if name in methods:
+                np.testing.assert_allclose(fns[name](), expected, rtol=1e-3, atol=1e-3)
+        timings = compare({name: fn for name, fn in fns.items() if name in methods}, repeats=repeats, clock=clock)
         flops = g.flops(n)
         row = LayerResult(layer.name, layer.kernel, (batch_size, layer.size, layer.size, layer.c_in), (m, k, n),
                           flops / 1e9, {name: t.gflops(flops, "best" if stat == "best" else "median")
@@ -361,7 +384,7 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
         if stat == "paired":  # speed ratio top/bottom in round r = time of bottom / time of top in that round
             row.paired = {name: float(np.median(np.divide(timings[bottom].times, timings[top].times)))
                           for name, (top, bottom) in RATIOS.items() if top in timings and bottom in timings}
-        if naive:  # the loops run ~1e4 times slower: time them on one small image and a few filters
+        if naive and "naive" in methods:  # ~1e4 times slower: time them on one small image and a few filters
             small = min(naive_size, layer.size)
             xs, ws = x[:1, :small, :small], w[..., : settings["naive_c_out"]]
             t = timeit(lambda: conv.conv2d_naive(xs, ws, 1, "SAME"), repeats=3, min_time=0.0, clock=clock)
@@ -397,7 +420,7 @@ def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 102
     timings = compare(fns, repeats=repeats)
     rows = []
     for cs, t in timings.items():
-        rows_per_chunk = _check_chunk_size(cs, g, np.float32)
+        rows_per_chunk = _check_chunk_size(cs, g, np.float32, layer.c_out)
         chunks, workers = conv.plan(g, rows_per_chunk, threads)
         buffer_rows = max((n1 - n0) * (r1 - r0) * g.w_out for n0, n1, r0, r1 in chunks) * workers
         label = "whole batch" if cs is None else (f"auto ({rows_per_chunk})" if cs == "auto" else cs)
@@ -440,6 +463,9 @@ def cli_main(argv: list) -> int:
                         help="im2col rows per GEMM: 'auto' (default, about 2 MiB), a number, or 0 = whole batch, one GEMM")
     parser.add_argument("--kernels", default="3,1", help="which layers: '3', '1' or '3,1' (default)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loops")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help=f"which methods to time, comma-separated (default: all of {','.join(METHODS)}); "
+                             "'im2col,tf' alternates just those two, each pair back to back")
     parser.add_argument("--threads", type=int,
                         help="threads for every method (default: BLAS's and TensorFlow's own); 1 compares single "
                              "cores")
@@ -464,6 +490,9 @@ def cli_main(argv: list) -> int:
         parser.error(f"--kernels must be a comma-separated list of 3 and 1; got {args.kernels!r}")
     if not kernels or not kernels <= {1, 3}:
         parser.error(f"--kernels must be a comma-separated list of 3 and 1; got {args.kernels!r}")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods or not set(methods) <= set(METHODS):
+        parser.error(f"--methods must be a comma-separated list of {','.join(METHODS)}; got {args.methods!r}")
 
     try:
         default_settings()  # an unknown LABKIT_PROFILE, before TensorFlow starts
@@ -484,6 +513,7 @@ def cli_main(argv: list) -> int:
     result = conv_bench(layers=[layer for layer in RESNET50_LAYERS if layer.kernel in kernels],
                         batch_size=args.batch_size, repeats=args.repeats, chunk_size=args.chunk_size,
                         naive=not args.no_naive, threads=args.threads, cpu_time=args.cpu_time, stat=args.stat,
+                        methods=methods,
                         progress=lambda row: print(f"  {row.layer}: done", file=sys.stderr, flush=True))
     print()
     print(result)

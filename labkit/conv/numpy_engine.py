@@ -63,7 +63,8 @@ def conv2d_naive(x, w, strides=1, padding="VALID", dilations=1) -> np.ndarray:
 # Row (n, i, j) of the matrix is x_padded[n, i*sh + a*dh, j*sw + b*dw, c] for a < kh, b < kw, c < C:
 # a 6-D strided VIEW of the padded input (no data moves). One copy of that view into a preallocated
 # buffer makes it the matrix a GEMM needs. The copy is done per chunk of output rows, so the buffer
-# stays small enough to be read back by the GEMM from cache rather than from memory.
+# stays small enough to be read back by the GEMM from cache rather than from memory. The padded input
+# is made once per call (a slice of the view per chunk is then all the bookkeeping a chunk needs).
 
 
 def _split(total: int, parts: int) -> list:
@@ -89,11 +90,6 @@ def _chunks(g: ConvGeometry, chunk_size, workers: int = 1) -> list:
     return [(n, n + 1, cuts[k], cuts[k + 1]) for n in range(g.n) for k in range(parts)]
 
 
-def _input_rows(g: ConvGeometry, r0: int, r1: int) -> tuple:
-    """Rows [a, b) of the padded input that output rows [r0, r1) read."""
-    return r0 * g.sh, (r1 - 1) * g.sh + (g.kh - 1) * g.dh + 1
-
-
 _local = threading.local()
 WORKSPACE_BYTES = 32 * 2**20  # largest scratch buffer kept between calls, per thread
 
@@ -111,48 +107,46 @@ def _workspace(kind: str, shape: tuple, dtype) -> np.ndarray:
     return buf[:size].reshape(shape)
 
 
-class _ColumnBuilder:
-    """Builds the im2col rows of one chunk at a time in reusable buffers (padded input strip, matrix)."""
+def _padded(x: np.ndarray, g: ConvGeometry, dtype) -> np.ndarray:
+    """x with the zero padding around every image (x itself when there is none)."""
+    if not g.has_padding:
+        return x
+    xp = _workspace("padded", (g.n, *g.padded_hw, g.c), dtype)
+    xp[:, : g.pad_top] = 0  # padding rows above and below the images
+    xp[:, g.pad_top + g.h:] = 0
+    xp[:, :, : g.pad_left] = 0  # padding columns left and right
+    xp[:, :, g.pad_left + g.w:] = 0
+    xp[:, g.pad_top: g.pad_top + g.h, g.pad_left: g.pad_left + g.w] = x
+    return xp
 
-    def __init__(self, x: np.ndarray, g: ConvGeometry, chunks: list, dtype):
+
+def _patches(xp: np.ndarray, g: ConvGeometry) -> np.ndarray:
+    """Every receptive field of the padded input xp as a 6-D strided VIEW (no data moves):
+    patches[n, i, j, a, b, c] = xp[n, i*sh + a*dh, j*sw + b*dw, c]."""
+    s_n, s_h, s_w, s_c = xp.strides
+    return np.lib.stride_tricks.as_strided(xp, (g.n, g.h_out, g.w_out, g.kh, g.kw, g.c),
+                                           (s_n, g.sh * s_h, g.sw * s_w, g.dh * s_h, g.dw * s_w, s_c), writeable=False)
+
+
+class _ColumnBuilder:
+    """Builds the im2col rows of one chunk at a time: a slice of the patches view, copied into a reusable buffer."""
+
+    def __init__(self, x: np.ndarray, g: ConvGeometry, chunks: list, dtype, padded=None):
         self.x, self.g = x, g
         self.copy_free = g.kh == g.kw == g.sh == g.sw == 1 and not g.has_padding
         if self.copy_free:  # a 1x1, stride-1 convolution: the input already IS the im2col matrix
             return
-        images = max(n1 - n0 for n0, n1, _, _ in chunks)
-        rows = max(r1 - r0 for _, _, r0, r1 in chunks)
-        a, b = _input_rows(g, 0, rows)
-        self.strip = _workspace("strip", (images, b - a, g.padded_hw[1], g.c), dtype) if g.has_padding else None
-        self.cols = _workspace("cols", (images * rows * g.w_out, g.kh * g.kw * g.c), dtype)
-
-    def padded_strip(self, n0, n1, r0, r1) -> np.ndarray:
-        """The zero-padded input rows that output rows r0:r1 of images n0:n1 read."""
-        g = self.g
-        a, b = _input_rows(g, r0, r1)
-        if self.strip is None:  # no padding: the input rows themselves, no copy
-            return self.x[n0:n1, a:b]
-        strip = self.strip[: n1 - n0, : b - a]
-        lo, hi = max(a, g.pad_top), min(b, g.pad_top + g.h)  # padded rows that hold image rows
-        hi = max(hi, lo)
-        strip[:, : lo - a] = 0  # padding rows above and below the image
-        strip[:, hi - a:] = 0
-        strip[:, :, : g.pad_left] = 0  # padding columns left and right
-        strip[:, :, g.pad_left + g.w:] = 0
-        strip[:, lo - a: hi - a, g.pad_left: g.pad_left + g.w] = self.x[n0:n1, lo - g.pad_top: hi - g.pad_top]
-        return strip
+        self.patches = _patches(_padded(x, g, dtype) if padded is None else padded, g)  # padded: shared by workers
+        rows = max((n1 - n0) * (r1 - r0) for n0, n1, r0, r1 in chunks) * g.w_out
+        self.cols = _workspace("cols", (rows, g.kh * g.kw * g.c), dtype)
 
     def columns(self, n0, n1, r0, r1) -> np.ndarray:
         """im2col rows for output rows r0:r1 of images n0:n1, shape (m, kh*kw*C) (a view of the buffer)."""
-        g = self.g
         if self.copy_free:
-            return self.x[n0:n1, r0:r1].reshape(-1, g.c)
-        strip = self.padded_strip(n0, n1, r0, r1)
-        s_n, s_h, s_w, s_c = strip.strides
-        shape = (n1 - n0, r1 - r0, g.w_out, g.kh, g.kw, g.c)
-        patches = np.lib.stride_tricks.as_strided(  # [n, i, j, a, b, c] -> strip[n, i*sh + a*dh, j*sw + b*dw, c]
-            strip, shape, (s_n, g.sh * s_h, g.sw * s_w, g.dh * s_h, g.dw * s_w, s_c), writeable=False)
-        cols = self.cols[: (n1 - n0) * (r1 - r0) * g.w_out]
-        np.copyto(cols.reshape(shape), patches)  # the only data movement of im2col
+            return self.x[n0:n1, r0:r1].reshape(-1, self.g.c)
+        part = self.patches[n0:n1, r0:r1]  # [n, i, j, a, b, c]: still a view
+        cols = self.cols[: part.shape[0] * part.shape[1] * part.shape[2]]
+        np.copyto(cols.reshape(part.shape), part)  # the only data movement of im2col
         return cols
 
 
@@ -253,11 +247,12 @@ def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_s
     """tf.nn.conv2d as im2col(x) @ w.reshape(kh*kw*C_in, C_out), plus an optional bias b (02_im2col).
 
     chunk_size bounds the im2col buffer to that many rows (output pixels; at least one output row):
-    kh*kw*C_in*chunk_size values per thread instead of kh*kw times the whole input, and a buffer that
-    stays in cache. "auto" (default) picks about 2 MiB (at least 1024 rows); None builds the whole
-    matrix and runs exactly one GEMM. With chunks, `threads` workers (default: as many as BLAS uses, when the batch is large
-    enough) each take the next chunk, build its rows and multiply them with a single-threaded BLAS, so
-    the copying runs in parallel too (meanwhile numpy's BLAS is set to one thread, process-wide).
+    kh*kw*C_in*chunk_size values per thread instead of kh*kw times the whole input (plus one zero-padded
+    copy of the input when there is padding), and a buffer that stays in cache. "auto" (default) picks
+    about 2 MiB (at least 1024 rows when the weights take 1 MiB or more); None builds the whole matrix and
+    runs exactly one GEMM. With chunks, `threads` workers (default: as many as BLAS uses, when the batch is
+    large enough) each take the next chunk, build its rows and multiply them with a single-threaded BLAS,
+    so the copying runs in parallel too (meanwhile numpy's BLAS is set to one thread, process-wide).
 
     engine="numpy" (default) is the code above: numpy copies, numpy's BLAS. engine="tf" does the same
     method inside TensorFlow (labkit.conv.tf_engine: im2col by tf.gather, TensorFlow's matmul, chunks run side
@@ -273,8 +268,8 @@ def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_s
 
         return conv_tf.conv2d(x, w, strides, padding, dilations, b=b, chunk_size=chunk_size)
     x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
-    chunk_size = _check_chunk_size(chunk_size, g, dtype)
     c_out = w.shape[3]
+    chunk_size = _check_chunk_size(chunk_size, g, dtype, c_out)
     out_dtype = np.result_type(x.dtype, w.dtype)
     if b is not None:
         b = _as_float_array(b, "b")
@@ -285,11 +280,12 @@ def conv2d_im2col(x, w, strides=1, padding="VALID", dilations=1, b=None, chunk_s
     chunks, workers = plan(g, chunk_size, threads)
     wmat = np.ascontiguousarray(w.reshape(-1, c_out), dtype=dtype)  # HWIO -> (kh*kw*C_in, C_out)
     x = np.ascontiguousarray(x, dtype=dtype)
+    padded = _padded(x, g, dtype)  # once per call, read by every worker
     out = np.empty((g.n, g.h_out, g.w_out, c_out), dtype)
     todo = iter(chunks)  # shared by the workers: whoever is free takes the next chunk
 
     def work():
-        builder = _ColumnBuilder(x, g, chunks, dtype)  # one buffer per worker
+        builder = _ColumnBuilder(x, g, chunks, dtype, padded)  # one buffer per worker
         for n0, n1, r0, r1 in todo:
             y = out[n0:n1, r0:r1].reshape(-1, c_out)  # contiguous: whole images, or rows of one image
             np.matmul(builder.columns(n0, n1, r0, r1), wmat, out=y)
@@ -307,9 +303,9 @@ def conv2d_im2col_backward(dy, x, w, strides=1, padding="VALID", dilations=1, ch
     The bias gradient, if there is a bias, is dy.sum(axis=(0, 1, 2)).
     """
     x, w, g, dtype = _check_conv_args(x, w, strides, padding, dilations)
-    chunk_size = _check_chunk_size(chunk_size, g, dtype)
-    dy = _as_float_array(dy, "dy")
     c_out = w.shape[3]
+    chunk_size = _check_chunk_size(chunk_size, g, dtype, c_out)
+    dy = _as_float_array(dy, "dy")
     out_dtype = np.result_type(x.dtype, w.dtype, dy.dtype)
     if dy.shape != (g.n, g.h_out, g.w_out, c_out):
         raise ValueError(f"dy must have the output's shape {(g.n, g.h_out, g.w_out, c_out)}; got {dy.shape}")

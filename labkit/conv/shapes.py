@@ -170,24 +170,32 @@ def _check_conv_args(x, w, strides, padding, dilations):
     return x, w, g, np.result_type(x.dtype, w.dtype, np.float32)  # float16 is computed in float32
 
 
-# chunk_size="auto": as many im2col rows as fit in CHUNK_BYTES, but at least MIN_CHUNK_ROWS. A 2 MiB buffer
-# stays in cache while it is written and read back by the GEMM; 1024+ rows keep the GEMM near its full rate
-# when the weight matrix is large (every GEMM packs all of it again). Measured single-core by CPU time on
-# ResNet-50's 3x3 layers (labkit conv-bench --threads 1 --cpu-time): 2 MiB was as fast as 4 MiB or faster
-# on every layer; the chunk-size sweep in 02_im2col shows the trade-off.
+# chunk_size="auto": as many im2col rows as fit in CHUNK_BYTES, but at least MIN_CHUNK_ROWS when the weight
+# matrix takes LARGE_WEIGHTS_BYTES or more. A 2 MiB buffer stays in cache while it is written and read back by
+# the GEMM. Every chunk's GEMM packs the whole weight matrix again: cheap while it sits in a core's cache
+# (1 MiB of L2 on the AMD EPYC measured), costly from memory, so large weights (ResNet-50's conv4_x and
+# conv5_x 3x3: 2.3 and 9 MiB) get 1024+ rows per chunk. Measured single-core by CPU time on ResNet-50's 3x3
+# layers (labkit conv-bench --threads 1 --cpu-time): 2 MiB was as fast as 4 MiB or faster on every layer;
+# on conv3_x (576 KiB of weights) 392-row chunks (1.7 MiB) beat the 1024-row minimum's 784 (3.4 MiB) by 7%
+# (single core and two threads, 21 interleaved rounds). The chunk-size sweep in 02_im2col shows the trade-off.
 CHUNK_BYTES = 2 * 2**20
 MIN_CHUNK_ROWS = 1024
+LARGE_WEIGHTS_BYTES = 2**20
 
 
-def _check_chunk_size(chunk_size, g: ConvGeometry, dtype):
-    """chunk_size as rows of the im2col matrix per GEMM, or None for the whole matrix."""
+def _check_chunk_size(chunk_size, g: ConvGeometry, dtype, c_out=None):
+    """chunk_size as rows of the im2col matrix per GEMM, or None for the whole matrix (c_out: output
+    channels, which size the weight matrix; None counts it as large)."""
     if chunk_size is None:
         return None
     if isinstance(chunk_size, str):
         if chunk_size != "auto":
             raise ValueError(f"chunk_size must be 'auto', an int >= 1 or None; got {chunk_size!r}")
-        k = g.kh * g.kw * g.c
-        return max(MIN_CHUNK_ROWS, CHUNK_BYTES // (k * np.dtype(dtype).itemsize))
+        k, itemsize = g.kh * g.kw * g.c, np.dtype(dtype).itemsize
+        rows = CHUNK_BYTES // (k * itemsize)
+        if c_out is None or k * c_out * itemsize >= LARGE_WEIGHTS_BYTES:
+            rows = max(MIN_CHUNK_ROWS, rows)
+        return rows
     if isinstance(chunk_size, (bool, np.bool_)) or not isinstance(chunk_size, (int, np.integer)):
         raise TypeError(f"chunk_size must be 'auto', an int (rows of the im2col matrix per GEMM) or None; "
                         f"got {chunk_size!r}")

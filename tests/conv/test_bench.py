@@ -122,6 +122,30 @@ def test_conv_bench_paired_ratios_are_medians_of_per_round_ratios():
         bench.conv_bench(layers, stat="mean")
 
 
+def test_conv_bench_im2col_vs_tf_only_prints_the_per_layer_table(capsys):
+    """`labkit conv-bench --methods im2col,tf --stat paired`: only those two alternate; one row per layer."""
+    layers = [bench.ConvLayer("tiny 3x3", 6, 3, 4, 3), bench.ConvLayer("tinier 3x3", 4, 4, 2, 3)]
+    result = bench.conv_bench(layers, batch_size=1, repeats=3, stat="paired", methods=["tf", "im2col"])
+    assert result.methods == ("im2col", "tf")
+    for row in result.layers:
+        assert set(row.times_ms) == {"im2col", "tf"} and set(row.ratios) == {"im2col_vs_tf"}
+        assert row.ratios["im2col_vs_tf"] == pytest.approx(np.median(np.divide(row.times_ms["tf"],
+                                                                               row.times_ms["im2col"])))
+    lines = str(result).splitlines()
+    head = next(line for line in lines if line.startswith("layer"))
+    assert head.split() == ["layer", "M", "x", "K", "x", "N", "im2col", "tf", "im2col/tf"]
+    assert [line.split()[0:2] for line in lines if line.startswith("tin")] == [["tiny", "3x3"], ["tinier", "3x3"]]
+    assert "oneDNN kernels" in str(result) and "threads: numpy BLAS" in str(result)
+    d = json.loads(json.dumps(result.to_dict(), default=float))
+    assert d["methods"] == ["im2col", "tf"] and set(d["summary"]["3x3"]) == {"im2col_vs_tf"}
+    for bad in ("im2col", [], ["im2col", "winograd"]):
+        with pytest.raises(ValueError, match="methods must be"):
+            bench.conv_bench(layers, methods=bad)
+    with pytest.raises(SystemExit) as exit_:
+        bench.cli_main(["--methods", "im2col,fft"])
+    assert exit_.value.code == 2 and "--methods" in capsys.readouterr().err
+
+
 def test_conv_bench_cpu_time_and_bad_threads():
     layers = [bench.ConvLayer("small 3x3", 8, 4, 6, 3)]
     result = bench.conv_bench(layers, batch_size=2, repeats=2, naive=False, cpu_time=True)

@@ -261,7 +261,9 @@ def test_chunk_size_bounds_peak_memory():
     finally:
         tracemalloc.stop()
     assert peak_whole >= full_cols
-    assert peak_chunked < full_cols / 4
+    # chunked: the output, one zero-padded copy of the input and a 256-row buffer, no more (with 10% slack)
+    budget = 4 * 32 * 32 * 16 * 4 + 4 * 34 * 34 * 16 * 4 + 256 * 9 * 16 * 4
+    assert peak_chunked < 1.1 * budget < full_cols / 3
 
 
 def test_auto_chunk_size_is_about_2_mib_of_rows():
@@ -269,6 +271,15 @@ def test_auto_chunk_size_is_about_2_mib_of_rows():
     assert conv._check_chunk_size("auto", g, np.float32) == 2 * 2**20 // (72 * 4)
     g = conv.geometry((8, 7, 7, 512), 3, 1, "SAME")  # K = 4608: never fewer than 1024 rows
     assert conv._check_chunk_size("auto", g, np.float32) == 1024
+    assert conv._check_chunk_size("auto", g, np.float32, 512) == 1024  # 9 MiB of weights
+    # ResNet-50 conv3_x 3x3: 1152 x 128 weights (576 KiB) fit in cache, so 2 MiB of rows (455), no minimum:
+    # the batch's 28 output rows per image go in pieces of 14 (392 im2col rows, 1.7 MiB)
+    g = conv.geometry((8, 28, 28, 128), 3, 1, "SAME")
+    assert conv._check_chunk_size("auto", g, np.float32, 128) == 2 * 2**20 // (1152 * 4) == 455
+    chunks, _ = conv.plan(g, 455, 2)
+    assert {(n1 - n0, r1 - r0) for n0, n1, r0, r1 in chunks} == {(1, 14)} and len(chunks) == 16
+    g = conv.geometry((8, 14, 14, 1024), 1, 1, "SAME")  # conv4_x 1x1 reduce: 1024 x 256 weights, exactly 1 MiB
+    assert conv._check_chunk_size("auto", g, np.float32, 256) == 1024
 
 
 def test_small_problems_use_blas_threads_large_ones_worker_threads(monkeypatch):
@@ -299,6 +310,65 @@ def test_threads_do_not_change_the_result():
     one = conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=50, threads=1)
     np.testing.assert_array_equal(one, conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=50, threads=2))
     np.testing.assert_array_equal(one, conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=50, threads=3))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The forward pass's paths, each against tf.nn.conv2d: chunks whose boundaries do not divide the batch or
+# the rows evenly, the copy-free 1x1 stride-1 path, and one image shared by several workers.
+
+
+@pytest.mark.parametrize("chunk_size,threads", [(33, 1), (33, 2), (160, 1), (60, 3)])
+def test_uneven_chunk_boundaries_match_tf(chunk_size, threads):
+    x, w = rand((3, 13, 11, 5), 30), rand((3, 2, 5, 6), 31)  # 7 x 11 output pixels per image
+    g = conv.geometry(x.shape, (3, 2), (2, 1), "SAME")
+    chunks, _ = conv.plan(g, chunk_size, threads)
+    assert len({(n1 - n0) * (r1 - r0) for n0, n1, r0, r1 in chunks}) > 1  # the chunks really differ in size
+    got = conv.conv2d_im2col(x, w, (2, 1), "SAME", chunk_size=chunk_size, threads=threads)
+    np.testing.assert_allclose(got, tf_conv(x, w, (2, 1), "SAME", 1), **TOL32)
+
+
+@pytest.mark.parametrize("chunk_size,threads", [("auto", 1), (40, 2), (None, None)])
+def test_1x1_stride_1_multiplies_the_input_itself(chunk_size, threads, monkeypatch):
+    import tracemalloc
+
+    copied, real_copyto = [], np.copyto  # every im2col copy goes through np.copyto: count the values it moves
+    monkeypatch.setattr(np, "copyto", lambda dst, src, **kw: (copied.append(np.size(dst)), real_copyto(dst, src, **kw)))
+    x, w = rand((2, 16, 16, 64), 32), rand((1, 1, 64, 2), 33)  # 128 KiB in, 8 KiB out
+    expected = tf_conv(x, w, 1, "SAME", 1)  # SAME pads nothing around a 1x1 kernel
+    got = conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=chunk_size, threads=threads)
+    np.testing.assert_allclose(got, expected, **TOL32)
+    assert sum(copied) == 0  # no im2col copy of the input
+    if threads != 2:  # one worker, this thread (tracemalloc is not safe to stop while other threads allocate)
+        conv._local.__dict__.pop("buffers", None)  # no scratch buffers kept from earlier calls: count them all
+        tracemalloc.start()
+        try:
+            conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=chunk_size, threads=threads)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < x.nbytes / 4  # the output only
+    # with padding a 1x1 kernel reads zeros too: the copying path, still equal to TensorFlow
+    pads = [(1, 0), (0, 2)]
+    np.testing.assert_allclose(conv.conv2d_im2col(x, w, 1, pads, chunk_size=chunk_size, threads=threads),
+                               tf_conv(x, w, 1, pads, 1), **TOL32)
+    assert sum(copied) >= 2 * 17 * 18 * 64  # the copying path did copy (the oracle above can fail)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_one_image_shared_by_workers_matches_tf(threads):
+    x, w = rand((1, 17, 9, 4), 34), rand((3, 3, 4, 5), 35)
+    chunks, workers = conv.plan(conv.geometry(x.shape, 3, 1, "SAME"), 20, threads)
+    assert workers == threads and len(chunks) % threads == 0  # pieces of rows of the one image, shared evenly
+    got = conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=20, threads=threads)
+    np.testing.assert_allclose(got, tf_conv(x, w, 1, "SAME", 1), **TOL32)
+
+
+def test_resnet50_conv2_x_at_batch_1_with_the_defaults():
+    """A real layer (56x56x64, 3x3, SAME) with chunk_size='auto': the image is cut into pieces of rows."""
+    x, w = rand((1, 56, 56, 64), 36), rand((3, 3, 64, 64), 37) / 24  # weights ~ 1/sqrt(K): outputs of order 1
+    g = conv.geometry(x.shape, 3, 1, "SAME")
+    assert len(conv.plan(g, conv._check_chunk_size("auto", g, np.float32))[0]) > 1
+    np.testing.assert_allclose(conv.conv2d_im2col(x, w, 1, "SAME"), tf_conv(x, w, 1, "SAME", 1), **TOL32)
 
 
 # ---------------------------------------------------------------------------------------------------
