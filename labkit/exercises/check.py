@@ -343,16 +343,22 @@ def _beaten_by(points, i):
 
 
 @checker
-def on_pareto_front(points, index: int) -> Spec:
-    """Whether point `index` of (memory, accuracy) pairs is on the Pareto front. (05_network_sweep)"""
+def beaten_by(points, index: int) -> Spec:
+    """The indices of the (memory, accuracy) points that beat point `index`: less or equal memory and higher or
+    equal accuracy, one of the two strictly. (05_network_sweep)"""
     points = [tuple(p) for p in points]
-    on = index in _front(points)
-    j = _beaten_by(points, index)
-    why = (f"point {j} {points[j]} has less or equal memory and higher or equal accuracy, so it beats point "
-           f"{index} {points[index]}." if j is not None else
-           f"no point has both less (or equal) memory and higher (or equal) accuracy than point {index}; "
-           "a point with less memory alone, or more accuracy alone, does not beat it.")
-    return Spec(on, kind="bool", mistakes=[("wrong_side", not on, why)], success=why[0].upper() + why[1:])
+    m, a = points[index]
+    others = [j for j in range(len(points)) if j != index]
+    beats = frozenset(j for j in others if points[j][0] <= m and points[j][1] >= a and points[j] != (m, a))
+    return Spec(sorted(beats), kind="indices", mistakes=[
+        ("memory_only", frozenset(j for j in others if points[j][0] <= m),
+         "a point with less memory but lower accuracy does not beat it: it must be at least as good on both axes."),
+        ("accuracy_only", frozenset(j for j in others if points[j][1] >= a),
+         "a point with higher accuracy but more memory does not beat it: it must be at least as good on both axes."),
+    ], hint="Compare each other point on both axes at once: memory <= and accuracy >=.",
+        success=(f"point {index} {points[index]} is beaten by " +
+                 (", ".join(f"{j} {points[j]}" for j in sorted(beats)) if beats else "no point: it is on the front") +
+                 "."))
 
 
 @checker
