@@ -168,9 +168,14 @@ def test_cli_sigkill_leaves_no_tensorflow_worker(tmp_path):
     try:
         deadline = time.monotonic() + 240
         workers = []
+        def loaded_worker(c):  # a spawned worker with TensorFlow in memory; a child that just ended is none
+            try:
+                return "spawn_main" in " ".join(c.cmdline()) and c.memory_info().rss > 300e6
+            except (psutil.ZombieProcess, psutil.NoSuchProcess):
+                return False
+
         while time.monotonic() < deadline and len(workers) < 2:  # both workers have TensorFlow loaded
-            workers = [c for c in psutil.Process(proc.pid).children()
-                       if "spawn_main" in " ".join(c.cmdline()) and c.memory_info().rss > 300e6]
+            workers = [c for c in psutil.Process(proc.pid).children() if loaded_worker(c)]
             time.sleep(0.5)
         assert len(workers) == 2
         children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
