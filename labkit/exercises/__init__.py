@@ -2,6 +2,8 @@
 
     check       the checkers: an answer -> a success line, the usual mistake named, or "not answered yet"
     check_code  the checkers of exercises whose answer is code: run on inputs they make, against an oracle
+    check_hvd   04's checker: the learner's Horovod script run on 2 workers, one line on what is wrong
+    hvd_harness what each rank of a checked script did (run by horovodrun; imported by nothing)
     verdict     the machinery the checkers share: Spec, Verdict, the registry
     build       `labkit exercises list | build DIR`: the learner edition without solutions
     schedule    the learner's minutes per notebook and the workshop schedules they must fit

@@ -440,3 +440,4 @@ def head_params(base, classes: int) -> Spec:
 # ------------------------------------------------------------------------------------ code exercises (01-06)
 from labkit.exercises.check_code import (conv_macs_function, im2col_function, pareto_function,  # noqa: E402,F401
                                          training_step, transfer_function)
+from labkit.exercises.check_hvd import keras_hvd  # noqa: E402,F401  (04: a script, judged by running it)

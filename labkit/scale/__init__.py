@@ -13,6 +13,10 @@
     nodescale     weak scaling over node counts on that cluster, against the ring model
     tfdist_train  one worker of tf.distribute.MultiWorkerMirroredStrategy, for the comparison
     gpu           the GPU path: one GPU per rank, mixed precision, model-FLOPs utilisation
+    keras_single  a plain Keras training script (the learner's starting point in 04)
+    keras_hvd     the same script made data-parallel with horovod.tensorflow.keras and model.fit
+    keras_hvd_loop  the same as a custom loop with hvd.DistributedGradientTape
+    fitbench      model.fit with Horovod's callbacks against the custom loop, in one launch (`labkit fit-bench`)
 
 Uses labkit.flops (03) for model MACs and GPU peaks: a lesson may use an earlier lesson's API, never a later one's.
 """

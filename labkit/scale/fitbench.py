@@ -1,0 +1,309 @@
+"""Keras's model.fit path against labkit's custom loop: images/s on the same network, batch and workers (04_horovod_scaling).
+
+`compare(np_=2)` alternates labkit.scale.hvd_train (the custom loop with hvd.DistributedGradientTape, as `labkit scale`
+runs it: time of each step call) and labkit/scale/keras_hvd.py (model.fit with Horovod's callbacks, timed by
+labkit.exercises.hvd_harness --timing: wall time between the ends of consecutive training batches), `rounds` times each
+in one launch, and returns one row per run; `summary` gives the medians and the ratio fit / custom loop.
+`explain` takes fit's per-step pieces away one at a time; `fixed_overhead` measures the per-step machinery alone.
+Both: small_cnn, 32x32 images, legacy SGD with momentum, the same warm-up steps excluded, images/s summed
+over the ranks, mean over `repeats` blocks of `steps` steps. `labkit fit-bench` runs it from a shell.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTEROP_THREADS")
+PATHS = ("fit", "custom_loop")
+
+
+def _check(name, value, minimum):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
+
+
+def fit_images_per_sec(ranks: list[dict], batch_size: int, warmup_steps: int, steps: int) -> dict:
+    """One fit launch's images/s from its ranks' batch-end times: steps after warm-up, in blocks of `steps`,
+    summed over the ranks per block (as labkit.scale.scaling.summarize does for the custom loop)."""
+    from labkit.base import rankstats
+    per_rank, cpu = [], []
+    for r in ranks:
+        done = np.asarray(r["batch_index"], dtype=int) + 1  # steps done at each mark
+        if warmup_steps < done[0]:
+            raise ValueError(f"warmup_steps={warmup_steps} is shorter than the first timed block ({done[0]} steps)")
+
+        def per_step(marks):
+            # each interval between two marks covers done[i] - done[i-1] steps (k under steps_per_execution=k)
+            t = np.asarray(marks, dtype=float)
+            return np.repeat(np.diff(t) / np.diff(done), np.diff(done))[warmup_steps - done[0]:]
+
+        per_rank.append(rankstats.summarize_times(per_step(r["batch_end_s"]), batch_size, steps))
+        cpu.append(float(np.median(per_step(r["batch_cpu_s"]))))
+    per_block = np.sum([s["images_per_sec_repeats"] for s in per_rank], axis=0)
+    return {"images_per_sec": float(per_block.mean()),
+            "images_per_sec_std": float(per_block.std(ddof=1)) if per_block.size > 1 else 0.0,
+            "step_time_s": float(np.median([s["step_time_s"] for s in per_rank])),
+            # a synchronous step ends when the slowest rank's does: the max over ranks (labkit.scale.scaling's rule)
+            "step_time_p10_s": float(np.max([s["step_time_p10_s"] for s in per_rank])),
+            "cpu_step_time_s": float(np.median(cpu))}
+
+
+def compare(np_: int = 2, *, batch_size: int = 64, steps: int = 20, repeats: int = 3, warmup_steps: int = 5,
+            rounds: int = 3, threads: int = 1, timeout: float = 1200, script=None):
+    """The custom loop (labkit.scale.hvd_train, as `labkit scale` runs it) and model.fit (labkit/scale/keras_hvd.py), alternated
+    `rounds` times in ONE launch: the same processes, so neither gets a quieter start-up or machine; a DataFrame,
+    one row per run. The custom loop runs first and sets the thread pools (hvd_train --threads) for both."""
+    import pandas as pd
+
+    from labkit.exercises import check_hvd
+    from labkit.scale import scaling
+    for name, value, minimum in (("np_", np_, 1), ("batch_size", batch_size, 1), ("steps", steps, 1),
+                                 ("repeats", repeats, 1), ("warmup_steps", warmup_steps, 1), ("rounds", rounds, 1),
+                                 ("threads", threads, 1)):
+        _check(name, value, minimum)
+    script = Path(script) if script is not None else check_hvd.REFERENCE
+    total = warmup_steps + steps * repeats  # steps per rank; keras_hvd divides its --steps by the workers
+    fit_args = ["--epochs", "1", "--steps", str(total * np_), "--batch-size", str(batch_size), "--lr", "0.01",
+                "--threads", str(threads)]
+    loop_args = [*scaling.train_args(batch_size=batch_size, steps=steps, repeats=repeats, warmup_steps=warmup_steps,
+                                     threads=threads), "--out", "{workdir}"]
+    loop = Path(scaling.__file__).with_name("hvd_train.py")
+    order = [path for _ in range(rounds) for path in ("custom_loop", "fit")]
+    entries = [(loop, loop_args) if path == "custom_loop" else (script, fit_args) for path in order]
+    runs = check_hvd.run_scripts(entries, np_=np_, timeout=timeout, timing=True,
+                                 env_extra={var: str(threads) for var in THREAD_ENV})
+    rows = []
+    for k, (path, ranks) in enumerate(zip(order, runs)):
+        failed = [r for r in ranks if r.get("error")]
+        if failed:
+            raise RuntimeError(f"{path} failed on rank {failed[0]['rank']}: {failed[0]['error']}")
+        if path == "fit":
+            row = fit_images_per_sec(ranks, batch_size, warmup_steps, steps)
+        else:
+            summ = scaling.summarize([r["result"] for r in ranks])
+            row = {key: float(summ[key]) for key in ("images_per_sec", "images_per_sec_std", "step_time_s",
+                                                     "step_time_p10_s", "cpu_step_time_s")}
+        rows.append({"round": k // 2 + 1, "path": path, **row})
+    out = pd.DataFrame(rows)
+    out.attrs["config"] = {"np": np_, "model": "small_cnn", "batch_size": batch_size, "steps": steps,
+                           "repeats": repeats, "warmup_steps": warmup_steps, "threads": threads, "rounds": rounds}
+    return out
+
+
+# What model.fit adds per step, one piece taken away at a time: (name, [(text in keras_hvd.py, replacement)])
+_NO_WARMUP = ("    hvd.callbacks.LearningRateWarmupCallback(", "    # hvd.callbacks.LearningRateWarmupCallback(")
+_NO_CALLBACKS = [("    hvd.callbacks.BroadcastGlobalVariablesCallback(0),", ""),
+                 ("    hvd.callbacks.MetricAverageCallback(),", ""), _NO_WARMUP]
+_NO_ACCURACY = [('metrics=["accuracy"]', "metrics=[]"), (", accuracy {history.history['accuracy'][-1]:.3f}", "")]
+VARIANTS = (
+    ("keras_hvd.py", []),
+    ("no LR warmup callback", [_NO_WARMUP]),
+    ("no Horovod callbacks", _NO_CALLBACKS),
+    ("no callbacks, no accuracy", [*_NO_CALLBACKS, *_NO_ACCURACY]),
+    ("steps_per_execution=5", [('metrics=["accuracy"])', 'metrics=["accuracy"], steps_per_execution=5)')]),
+    ("one fixed batch, no callbacks, no accuracy", [*_NO_CALLBACKS, *_NO_ACCURACY, (
+        "dataset = data.make_dataset(x, y, args.batch_size, shard=(hvd.rank(), hvd.size()), drop_remainder=True)"
+        ".repeat()", "dataset = tf.data.Dataset.from_tensors((tf.random.uniform((args.batch_size, *x.shape[1:])), "
+        "y[:args.batch_size])).repeat()")]),
+)
+LOOP_VARIANTS = (  # labkit.scale.hvd_train, as `labkit scale` runs it, beside them in the same launch
+    ("custom loop (hvd_train)", []),
+    ("custom loop, one fixed batch", ["--data", "random"]),
+)
+
+
+def _edited(source: str, edits) -> str:
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise ValueError(f"the script no longer contains {old!r} exactly once")
+        source = source.replace(old, new)
+    return source
+
+
+def explain(np_: int = 2, *, batch_size: int = 64, steps: int = 20, repeats: int = 3, warmup_steps: int = 5,
+            rounds: int = 3, threads: int = 1, timeout: float = 900):
+    """Where model.fit's time goes: labkit.scale.hvd_train (LOOP_VARIANTS), keras_hvd.py and its VARIANTS, each `rounds`
+    times, interleaved in ONE launch (the same processes); a DataFrame, one row per run, images/s summed over
+    the ranks."""
+    import tempfile
+
+    import pandas as pd
+
+    from labkit.exercises import check_hvd
+    for name, value, minimum in (("np_", np_, 1), ("batch_size", batch_size, 1), ("steps", steps, 1),
+                                 ("repeats", repeats, 1), ("warmup_steps", warmup_steps, 1), ("rounds", rounds, 1),
+                                 ("threads", threads, 1)):
+        _check(name, value, minimum)
+    total = warmup_steps + steps * repeats
+    args = ["--epochs", "1", "--steps", str(total * np_), "--batch-size", str(batch_size), "--lr", "0.01",
+            "--threads", str(threads)]
+    from labkit.scale import scaling
+    source = check_hvd.REFERENCE.read_text()
+    loop = Path(scaling.__file__).with_name("hvd_train.py")
+    loop_args = [*scaling.train_args(batch_size=batch_size, steps=steps, repeats=repeats, warmup_steps=warmup_steps,
+                                     threads=threads), "--out", "{workdir}"]
+    with tempfile.TemporaryDirectory(prefix="labkit-fitbench-") as tmp:
+        entries = [(loop, [*loop_args, *extra]) for _, extra in LOOP_VARIANTS]  # first: hvd_train sets the pools
+        for i, (_, edits) in enumerate(VARIANTS):
+            entries.append((Path(tmp) / f"variant{i}.py", args))
+            entries[-1][0].write_text(_edited(source, edits))
+        names = [name for name, _ in LOOP_VARIANTS] + [name for name, _ in VARIANTS]
+        order = [i for _ in range(rounds) for i in range(len(entries))]
+        runs = check_hvd.run_scripts([entries[i] for i in order], np_=np_, timeout=timeout, timing=True,
+                                     env_extra={var: str(threads) for var in THREAD_ENV})
+    rows = []
+    for k, (i, ranks) in enumerate(zip(order, runs)):
+        failed = [r for r in ranks if r.get("error")]
+        if failed:
+            raise RuntimeError(f"variant {names[i]!r} failed on rank {failed[0]['rank']}: {failed[0]['error']}")
+        if i < len(LOOP_VARIANTS):
+            summ = scaling.summarize([r["result"] for r in ranks])
+            row = {key: float(summ[key]) for key in ("images_per_sec", "images_per_sec_std", "step_time_s",
+                                                     "step_time_p10_s", "cpu_step_time_s")}
+        else:
+            row = fit_images_per_sec(ranks, batch_size, warmup_steps, steps)
+        rows.append({"round": k // len(entries) + 1, "variant": names[i], **row})
+    return pd.DataFrame(rows)
+
+
+def fixed_overhead(steps: int = 300, rounds: int = 3, batch_size: int = 4, model: str | None = None) -> dict:
+    """model.fit's cost per step against a custom loop's, in this process (Horovod of size 1): median
+    microseconds per step, rounds alternated. model=None: a model with almost no work (a 16 -> 2 dense layer),
+    so what remains is the per-step machinery alone: Keras's loop and callbacks (Horovod's three), the metrics,
+    the tf.function call; or a labkit.models name (32x32 images). Wall time per step between consecutive ends,
+    both paths measured the same way."""
+    import time
+
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from labkit.base import training
+    for name, value, minimum in (("steps", steps, 10), ("rounds", rounds, 1), ("batch_size", batch_size, 1)):
+        _check(name, value, minimum)
+    hvd.init()
+    rng = np.random.default_rng(0)
+    shape = (4, 4, 1) if model is None else (32, 32, 3)
+    x = rng.random((4 * batch_size, *shape), dtype=np.float32)
+    y = rng.integers(0, 2, 4 * batch_size).astype(np.int32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size, drop_remainder=True).repeat()
+
+    def model_and_opt():
+        from labkit import models
+        net = tf.keras.Sequential([tf.keras.layers.Input(shape), tf.keras.layers.Flatten(),
+                                   tf.keras.layers.Dense(2, activation="softmax")]) if model is None else \
+            models.get(model, input_shape=shape, classes=10)
+        return net, tf.keras.optimizers.legacy.SGD(learning_rate=0.01, momentum=0.9)
+
+    class Clock(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.ends = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ends.append(time.perf_counter())
+
+    def fit(horovod_callbacks: bool, accuracy: bool) -> float:
+        model, opt = model_and_opt()
+        model.compile(loss="sparse_categorical_crossentropy", optimizer=hvd.DistributedOptimizer(opt),
+                      metrics=["accuracy"] if accuracy else [])
+        clock = Clock()
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                     hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01, warmup_epochs=1)] \
+            if horovod_callbacks else []
+        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[*callbacks, clock])
+        return float(np.median(np.diff(clock.ends)[5:]))
+
+    def custom_loop() -> float:
+        model, opt = model_and_opt()
+        step = training.make_train_step(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(),
+                                        hvd_tf.DistributedGradientTape)
+        it, ends = iter(dataset), []
+        for _ in range(steps):
+            float(step(*next(it)))  # as labkit.scale.hvd_train: the loss read back every step
+            ends.append(time.perf_counter())
+        return float(np.median(np.diff(ends)[5:]))
+
+    paths = {"fit, Horovod's callbacks, accuracy": lambda: fit(True, True),
+             "fit, no callbacks, no metric": lambda: fit(False, False),
+             "custom loop": custom_loop}
+    times = {name: [] for name in paths}
+    for _ in range(rounds):
+        for name, run in paths.items():
+            times[name].append(run())
+    return {name: 1e6 * float(np.median(t)) for name, t in times.items()}
+
+
+def summary(df) -> dict:
+    """Median images/s of each path over the rounds, and fit / custom loop (1.0: fit costs nothing)."""
+    med = {p: float(df.loc[df["path"] == p, "images_per_sec"].median()) for p in PATHS}
+    cpu = {p: float(df.loc[df["path"] == p, "cpu_step_time_s"].median()) for p in PATHS}
+    p10 = {p: float(df.loc[df["path"] == p, "step_time_p10_s"].median()) for p in PATHS}
+    return {"fit_images_per_sec": med["fit"], "custom_loop_images_per_sec": med["custom_loop"],
+            "ratio": med["fit"] / med["custom_loop"],
+            # the uncontended steps (10th percentile of step times) of a shared machine, as a speed ratio
+            "fit_step_time_p10_s": p10["fit"], "custom_loop_step_time_p10_s": p10["custom_loop"],
+            "p10_ratio": p10["custom_loop"] / p10["fit"],
+            # CPU seconds per step, all threads: work done, whatever the waits (fit's extra work shows here)
+            "fit_cpu_step_time_s": cpu["fit"], "custom_loop_cpu_step_time_s": cpu["custom_loop"],
+            "cpu_ratio": cpu["fit"] / cpu["custom_loop"], **df.attrs.get("config", {})}
+
+
+def cli_main(argv=None) -> int:
+    """`labkit fit-bench [--np 2] [--batch-size 64] [--steps 20] [--rounds 3] [--explain] [--json FILE]`."""
+    from labkit.scale.scaling import _check_json_path, _Parser  # labkit scale's one-line errors and --json check
+    p = _Parser(prog="labkit fit-bench",
+                                description="images/s of Keras's model.fit with Horovod's callbacks (labkit/scale/keras_hvd.py) "
+                                            "against labkit's custom loop (labkit.scale.hvd_train), alternated launches.")
+    p.add_argument("--np", type=int, default=2, help="workers (default 2)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per worker per step")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per launch")
+    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each path, alternated in one launch")
+    p.add_argument("--threads", type=int, default=1, help="threads per worker")
+    p.add_argument("--timeout", type=float, default=1200, help="seconds for the launch")
+    p.add_argument("--json", dest="json_path", default=None, help="write the rows and the summary here")
+    p.add_argument("--explain", action="store_true",
+                   help="instead: keras_hvd.py with one piece of fit's per-step work taken away at a time, beside "
+                        "the custom loop, in one launch (where fit's time goes)")
+    a = p.parse_args(argv)
+    try:
+        for name in ("np", "batch_size", "steps", "repeats", "warmup_steps", "rounds", "threads"):
+            _check(f"--{name.replace('_', '-')}", getattr(a, name), 1)
+        if a.json_path:
+            _check_json_path(a.json_path)
+    except ValueError as err:
+        p.error(str(err))
+    if a.explain:
+        print(f"labkit fit-bench --explain: {a.rounds} rounds of {len(LOOP_VARIANTS) + len(VARIANTS)} runs in one "
+              f"{a.np}-worker launch ...", flush=True)
+        df = explain(a.np, batch_size=a.batch_size, steps=a.steps, repeats=a.repeats, warmup_steps=a.warmup_steps,
+                     rounds=a.rounds, threads=a.threads, timeout=a.timeout)
+        table = df.groupby("variant", sort=False)[["images_per_sec", "step_time_p10_s", "cpu_step_time_s"]].median()
+        table["vs_custom_loop"] = table["images_per_sec"] / table["images_per_sec"].iloc[0]
+        print(f"np={a.np}, small_cnn, batch {a.batch_size}/worker, {a.threads} thread(s)/worker, medians of "
+              f"{a.rounds} rounds:\n{table.round(4).to_string()}")
+        if a.json_path:
+            Path(a.json_path).write_text(json.dumps({"rows": df.to_dict("records")}, indent=2))
+        return 0
+    print(f"labkit fit-bench: {a.rounds} rounds of custom loop then model.fit in one {a.np}-worker launch ...",
+          flush=True)
+    df = compare(a.np, batch_size=a.batch_size, steps=a.steps, repeats=a.repeats, warmup_steps=a.warmup_steps,
+                 rounds=a.rounds, threads=a.threads, timeout=a.timeout)
+    s = summary(df)
+    print(f"np={a.np}, small_cnn, batch {a.batch_size}/worker, {a.threads} thread(s)/worker, {a.rounds} rounds: "
+          f"model.fit {s['fit_images_per_sec']:.1f} images/s, custom loop {s['custom_loop_images_per_sec']:.1f} "
+          f"images/s (medians), fit / custom loop = {s['ratio']:.3f}; uncontended steps (p10): "
+          f"{s['p10_ratio']:.3f}; CPU per step: fit {1e3 * s['fit_cpu_step_time_s']:.1f} ms, custom loop "
+          f"{1e3 * s['custom_loop_cpu_step_time_s']:.1f} ms")
+    if a.json_path:
+        Path(a.json_path).write_text(json.dumps({"rows": df.to_dict("records"), "summary": s}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())

@@ -1,0 +1,211 @@
+"""04's Horovod exercise checker: the reference script is correct, the single-process placeholder is 'not answered',
+and each mistake is made the way a learner would make it (a broken copy of the reference) and named.
+
+All the variants run in ONE 2-worker launch (labkit.exercises.hvd_harness runs them one after the other, Keras cleared and
+the seeds set again in between): TensorFlow's start-up is paid once. Horovod stays up from the first hvd.init()
+on, so the scripts that never reach hvd.init() run first. One more
+launch goes through the learner's entry point, check_hvd.keras_hvd(path), end to end.
+"""
+import time
+
+import pytest
+
+launches = pytest.mark.horovod  # the tests that start horovodrun (the fixture's one launch is shared)
+
+from labkit.exercises import check_hvd
+from labkit.exercises.verdict import CHECKERS
+
+REF = check_hvd.REFERENCE.read_text()
+
+
+def _broken(*edits):
+    """The reference with each (old, new) replaced; the old text must be there, so a changed reference fails here."""
+    src = REF
+    for old, new in edits:
+        assert src.count(old) == 1, f"the reference no longer contains {old!r} once"
+        src = src.replace(old, new)
+    return src
+
+
+# mistake key -> the learner's script with that one mistake
+BROKEN = {
+    "not_initialised": _broken(("hvd.init()  #", "#")),
+    "no_fit": (check_hvd.REFERENCE.parent / "keras_hvd_loop.py").read_text(),  # the custom loop handed in
+    "not_broadcast": _broken(("    hvd.callbacks.BroadcastGlobalVariablesCallback(0),", "")),
+    "gradients_not_averaged": _broken(("hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(learning_rate=lr, "
+                                       "momentum=0.9))",
+                                       "tf.keras.optimizers.legacy.SGD(learning_rate=lr, momentum=0.9)")),
+    "lr_not_scaled": _broken(("lr = args.lr * hvd.size()", "lr = args.lr")),
+    "no_warmup": _broken(("    hvd.callbacks.LearningRateWarmupCallback(", "    # hvd.callbacks.LearningRateWarmupCallback(")),
+    "metrics_not_averaged": _broken(("    hvd.callbacks.MetricAverageCallback(),", "")),
+    "checkpoint_every_rank": _broken(("if hvd.rank() == 0:  # one writer", "if True:  # one writer")),
+    "no_checkpoint": _broken(("callbacks.append(tf.keras.callbacks.ModelCheckpoint(args.checkpoint, "
+                              "save_weights_only=True))", "pass")),
+    "data_not_sharded": _broken(("shard=(hvd.rank(), hvd.size()), ", "")),
+    "steps_not_divided": _broken(("steps_per_epoch=max(1, args.steps // hvd.size())", "steps_per_epoch=args.steps")),
+    "verbose_every_rank": _broken(("verbose=2 if hvd.rank() == 0 else 0", "verbose=2")),
+}
+OTHER = {  # not a recognised mistake: the script's own error in one line
+    "crash": _broken(("model = models.get(", "model = modells.get(")),
+    "dropped_option": _broken(('p.add_argument("--lr", type=float, default=0.01, help="learning rate of one worker")\n',
+                               "")),
+}
+
+
+@pytest.fixture(scope="session")
+def records(tmp_path_factory):
+    """Every variant, the reference and the placeholder run in one launch: {name: [rank 0's, rank 1's record]}."""
+    folder = tmp_path_factory.mktemp("hvd_variants")
+    paths = {"placeholder": check_hvd.PLACEHOLDER}
+    first = ("not_initialised", "dropped_option")  # no hvd.init() reached: before every script that calls it
+    for name, src in sorted({**BROKEN, **OTHER}.items(), key=lambda item: item[0] not in first):
+        paths[name] = folder / f"{name}.py"
+        paths[name].write_text(src)
+    paths["correct"] = check_hvd.REFERENCE
+    t0 = time.perf_counter()
+    runs = check_hvd.run_scripts(list(paths.values()))
+    print(f"\n{len(paths)} scripts on 2 workers in one launch: {time.perf_counter() - t0:.1f} s")
+    out = dict(zip(paths, runs))
+    assert not any(r["horovod_up_before"] for name in first for r in out[name])
+    return out
+
+
+@pytest.fixture(scope="session")
+def verdicts(records):
+    out = {name: check_hvd.verdict_of(recs) for name, recs in records.items()}
+    for name, v in out.items():  # what the learner reads, shown with pytest -s
+        print(f"{name:22s} {v.message}")
+    return out
+
+
+@launches
+def test_reference_is_correct(verdicts):
+    v = verdicts["correct"]
+    assert v.status == "correct", v.message
+    assert v.message.startswith("Correct!") and "\n" not in v.message
+
+
+@launches
+def test_placeholder_is_not_answered(verdicts):
+    v = verdicts["placeholder"]
+    assert (v.status, v.message) == ("unanswered", check_hvd.SINGLE_PROCESS)
+
+
+@pytest.mark.parametrize("key", [k for k, _ in check_hvd.MISTAKES])
+@launches
+def test_each_mistake_is_named(verdicts, key):
+    v = verdicts[key]
+    assert (v.status, v.mistake) == ("mistake", key), v.message
+    assert v.message.startswith("Not quite: ") and "\n" not in v.message and len(v.message) < 400
+
+
+def test_every_mistake_has_a_broken_script():
+    assert list(BROKEN) == [k for k, _ in check_hvd.MISTAKES]  # same keys, in the order they are checked
+
+
+@launches
+def test_numbers_in_the_hints(verdicts):
+    assert "0.0125" in verdicts["lr_not_scaled"].message and "0.025" in verdicts["lr_not_scaled"].message
+    assert "checkpoint.h5" in verdicts["checkpoint_every_rank"].message
+    assert "hvd.init()" in verdicts["not_initialised"].message
+
+
+@launches
+def test_a_crash_is_one_line_with_the_error(verdicts):
+    v = verdicts["crash"]
+    assert v.status == "unreadable" and "NameError" in v.message and "modells" in v.message, v.message
+    v = verdicts["dropped_option"]
+    assert v.status == "unreadable" and "unrecognized arguments: --lr" in v.message, v.message
+
+
+def _live_children() -> set:
+    import psutil
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:  # exited, not yet reaped by subprocess: not running
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@launches
+def test_the_learner_entry_point_runs_the_script_and_prints_one_line(tmp_path, capsys):
+    """check_hvd.keras_hvd(path): its own launch, the reference's path back, no process or file left behind."""
+    before = _live_children()
+    script = tmp_path / "my_keras_hvd.py"
+    script.write_text(BROKEN["not_broadcast"])
+    assert check_hvd.keras_hvd(str(script)) == str(check_hvd.REFERENCE)
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and "BroadcastGlobalVariablesCallback(0)" in line, line
+    deadline = time.monotonic() + 10  # launch's watchdog exits once it has read that the launch cleaned up
+    while _live_children() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _live_children() <= before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my_keras_hvd.py"]  # checkpoints went elsewhere
+
+
+def test_answers_that_are_not_a_script_get_a_line_without_a_launch(capsys):
+    assert check_hvd.judge(None).message == check_hvd.NOT_ANSWERED
+    assert check_hvd.judge(...).status == "unanswered"
+    assert "no file 'nosuch.py'" in check_hvd.judge("nosuch.py").message
+    assert check_hvd.judge(42).status == "unreadable"
+    assert CHECKERS["keras_hvd"] is check_hvd.keras_hvd
+
+
+@launches
+def test_the_custom_loop_form_stays_in_sync(records):
+    """keras_hvd_loop.py (handed in as 'no_fit'): both ranks end with the same weights, rank 0 alone saves."""
+    r0, r1 = records["no_fit"]
+    assert r0["error"] is None and r1["error"] is None
+    assert r0["models_end"]["model"] == r1["models_end"]["model"]
+    assert [len(r["saves"]) for r in (r0, r1)] == [1, 0]
+
+
+@launches
+def test_sync_rows_of_the_reference(records):
+    df = check_hvd.sync_rows(records["correct"])
+    assert list(df["rank"]) == [0, 1] and df["checksum_end"].nunique() == 1 and df["loss"].nunique() == 1
+    assert df["checksum_first_step"].nunique() == 1 and df["files_written"].tolist() == [["checkpoint.h5"], []]
+    # the nudge made the ranks differ before the broadcast: the single-process run's weights are not these
+    assert records["placeholder"][0]["checksum_first_step"] != records["placeholder"][1]["checksum_first_step"]
+
+
+def test_conversion_diff_is_the_lines_that_change():
+    diff = check_hvd.conversion_diff()
+    added = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert "import horovod.tensorflow.keras as hvd" in added
+    assert any(ln.startswith("hvd.init()") for ln in added)
+    assert any("hvd.DistributedOptimizer(" in ln for ln in added)
+    assert not any('"""' in ln for ln in diff.splitlines())  # docstrings left out
+    assert len(added) < 30  # the few lines that change
+
+
+LEAVES = ("keras_single", "keras_hvd", "keras_hvd_loop", "hvd_harness")
+
+
+def test_no_labkit_module_imports_the_scripts():
+    import ast
+    root = check_hvd.REFERENCE.parent
+    importers = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[-1] in LEAVES and n.startswith("labkit") for n in names):
+                importers.append(path.name)
+    assert importers == []
+
+
+@pytest.mark.slow
+def test_the_placeholder_runs_alone(tmp_path):
+    """The learner edition's starting point must run single-process, as Run All does (tiny size)."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "LABKIT_SMOKE": "1"}
+    proc = subprocess.run([sys.executable, str(check_hvd.PLACEHOLDER), "--epochs", "1", "--steps", "2",
+                           "--batch-size", "4"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "loss" in proc.stdout and (tmp_path / "checkpoint.h5").is_file()
