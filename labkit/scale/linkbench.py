@@ -131,7 +131,7 @@ def main(argv=None) -> int:
               "median_step_s": {v: float(np.median(t)) for v, t in times.items()},
               "grad_tensors": [4 * int(v.shape.num_elements()) for v in model.trainable_variables],
               "checksum_trainable": checksum(trainable),
-              "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default (64 MiB)")}
+              "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default (128 MiB)")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".rank{rank}.json.tmp"
