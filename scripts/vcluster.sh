@@ -19,7 +19,7 @@
 # printed by `up` and `status`. `up` and `down` are idempotent; `down` removes exactly what `up` made.
 # Settings: LABKIT_VCLUSTER_SUBNET (first three octets, default 10.251.77), LABKIT_VCLUSTER_CPUS (CPUs
 # Slurm gives each node, default: this machine's cores), LABKIT_VCLUSTER_MTU (default 9000). Needs: iproute2 (ip, tc), openssh-server,
-# slurmctld, slurmd, slurm-client, munge. Introduced in notebooks/04_horovod_scaling.ipynb.
+# slurmctld, slurmd, slurm-client, munge. Introduced in notebooks/07_scaling_deep_dive.ipynb.
 set -euo pipefail
 
 PATH="$PATH:/usr/sbin:/sbin"

@@ -44,7 +44,7 @@ class Schedule:
     after: str  # what happens to the notebooks in no slot
 
 
-# About six 60-minute slots; 07 (the deep dive after 04) is the instructor's demo
+# About six 60-minute slots; 07 (the deep dive after 04) is read self-paced, or shown by the instructor as time allows
 DAY = Schedule("one day", (
     Block("slot 1", 60, ("00", "01")),
     Block("break", 15),
@@ -54,7 +54,7 @@ DAY = Schedule("one day", (
     Block("slot 4", 60, ("04",)),
     Block("break", 15),
     Block("slot 5", 60, ("05",)),
-    Block("slot 6", 60, ("06", "07")),
+    Block("slot 6", 60, ("06",)),
     Block("wrap-up", 15),
 ), kept_only=False, after="self-paced")
 HALF_DAY = Schedule("half day", (

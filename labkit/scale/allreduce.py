@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 MiB = 2**20
+# Horovod 0.28.1's tensor-fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 * 1024 * 1024 bytes, set in
+# BackgroundThreadLoop (horovod/common/operations.cc); its documentation's Tensor Fusion page still says 64 MB
+FUSION_THRESHOLD = 128 * MiB
 
 
 def _check_nonnegative(name, value):
@@ -47,11 +50,11 @@ def ring_allreduce_time(n_bytes, p: int, alpha: float, beta: float, gamma: float
         + frac * np.asarray(n_bytes, dtype=float) * gamma
 
 
-def fusion_buffers(tensor_bytes, threshold: float = 64 * MiB) -> list[int]:
+def fusion_buffers(tensor_bytes, threshold: float = FUSION_THRESHOLD) -> list[int]:
     """Horovod's tensor fusion: pack ready gradients, in order, into buffers of at most `threshold` bytes.
 
     threshold=0 turns fusion off (one allreduce per tensor); a tensor bigger than the threshold
-    travels alone. Default 64 MiB = HOROVOD_FUSION_THRESHOLD's default.
+    travels alone. Default: Horovod's own (FUSION_THRESHOLD, 128 MiB).
     """
     if threshold < 0:
         raise ValueError(f"threshold must be >= 0 bytes; got {threshold}")
@@ -84,7 +87,7 @@ class AllreduceModel:
     def time(self, n_bytes, p):
         return ring_allreduce_time(n_bytes, p, self.alpha, self.beta, self.gamma)
 
-    def fused_time(self, tensor_bytes, p, threshold=64 * MiB) -> float:
+    def fused_time(self, tensor_bytes, p, threshold=FUSION_THRESHOLD) -> float:
         """Total time of the allreduces one step needs after tensor fusion."""
         return float(sum(self.time(b, p) for b in fusion_buffers(tensor_bytes, threshold)))
 
@@ -137,7 +140,7 @@ def calibrate_allreduce(np_: int = 2, sizes=(4, 4096, 65536, 262144, 1048576, 4 
 # 2. step-time model and extrapolation
 
 def step_time(p: int, compute_s: float, tensor_bytes, net: AllreduceModel, overlap: float = 0.0,
-              threshold=64 * MiB) -> float:
+              threshold=FUSION_THRESHOLD) -> float:
     """Compute time plus the communication that does not hide behind it.
 
     overlap in [0, 1]: the fraction of the allreduce that runs during backprop (Horovod starts reducing
@@ -202,7 +205,7 @@ def _as_network(network) -> AllreduceModel:
 
 def predict(gpus=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), *, model="resnet101", gpu="P100",
             network="25GbE (RoCE)", intra_node="PCIe 3 x16 (in node)", batch_per_gpu=64,
-            utilization=0.5, overlap=0.0, threshold=64 * MiB, compute_s=None, grad_bytes=None,
+            utilization=0.5, overlap=0.0, threshold=FUSION_THRESHOLD, compute_s=None, grad_bytes=None,
             gpus_per_node=GPUS_PER_NODE):
     """Predicted step time, images/s and efficiency of synchronous data parallelism (a model, not a run).
 

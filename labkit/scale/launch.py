@@ -135,6 +135,14 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
     return [exe, "-np", str(np_), "-H", ",".join(hosts), "--mpi" if launcher == "mpi" else "--gloo", *worker]
 
 
+def display_command(cmd) -> str:
+    """A command line as a reader sees it: each program by its name, not the path it has on this machine."""
+    import shlex
+    if isinstance(cmd, str) or not all(isinstance(a, (str, os.PathLike)) for a in cmd):
+        raise ValueError(f"cmd must be a list of arguments (str or path); got {cmd!r}")
+    return " ".join(shlex.quote(Path(a).name if os.path.isabs(a) else str(a)) for a in cmd)
+
+
 def child_env(env_extra=None, marker: str | None = None, base=None) -> dict:
     """The environment a launch hands to horovodrun and the ranks: the ENV_ALLOW names and prefixes of
     base (default os.environ) minus credential-like names (_ENV_DENY), then env_extra, then the marker.

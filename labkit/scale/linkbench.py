@@ -7,7 +7,7 @@ alpha and beta are fitted to), then (2) times training steps of one model in thr
 repeat by repeat so that a change in machine load hits all of them alike: `compute` (no gradient
 exchange: what one node alone would take), `sync` (hvd.DistributedGradientTape, float32 on the wire) and
 `sync_fp16` (hvd.Compression.fp16: half the bytes). It writes rank{R}.json to --out. Driven by
-labkit.scale.vcluster; introduced in notebooks/04_horovod_scaling.ipynb.
+labkit.scale.vcluster; introduced in notebooks/07_scaling_deep_dive.ipynb.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
               "median_step_s": {v: float(np.median(t)) for v, t in times.items()},
               "grad_tensors": [4 * int(v.shape.num_elements()) for v in model.trainable_variables],
               "checksum_trainable": checksum(trainable),
-              "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default (64 MiB)")}
+              "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default (128 MiB)")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from labkit.base import resultsfile

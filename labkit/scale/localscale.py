@@ -1,5 +1,5 @@
-"""Scaling on one machine, taken apart (04_horovod_scaling): where data-parallel efficiency goes when every
-worker owns one core of the same chip.
+"""Scaling on one machine, taken apart (04_horovod_scaling, 07_scaling_deep_dive): where data-parallel
+efficiency goes when every worker owns one core of the same chip.
 
 `decompose()` measures, in one run and for 1 .. cores workers: the machine's own limit (labkit.scale.probe's
 single-thread GEMM processes), the training workers without gradient exchange (`--no-sync`) and with
@@ -19,7 +19,7 @@ from pathlib import Path
 from labkit.base import resultsfile
 from labkit.scale import scaling
 
-# controller_cost's committed measurement (04 shows it where Horovod has no MPI or the profile is quick)
+# controller_cost's committed measurement (04 and 07 show it where Horovod has no MPI or the profile is quick)
 CONTROLLER_RESULTS = Path(__file__).resolve().parents[2] / "notebooks" / "results" / "controllers.json"
 
 

@@ -6,7 +6,7 @@ exchange grows only from n (2 nodes) towards 2n. `by_nodes()` launches labkit.sc
 of scripts/vcluster.sh's cluster at each link rate (one launch each: allreduce calibration, then steps with
 and without the gradient exchange), and predicts every synced step from the fewest nodes' alpha and beta.
 `table()` and `plot()` show it; the committed run is notebooks/results/vcluster_nodes.json.
-TensorFlow is never imported here. Introduced in notebooks/04_horovod_scaling.ipynb.
+TensorFlow is never imported here. Introduced in notebooks/07_scaling_deep_dive.ipynb.
 """
 from __future__ import annotations
 

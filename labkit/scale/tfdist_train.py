@@ -5,7 +5,7 @@ Every worker runs `python -m labkit.scale.tfdist_train --workers HOST:PORT,HOST:
 `run_workers` starts them: on this machine (`run_local`, one port each on 127.0.0.1) or one per node of
 the virtual cluster (`labkit.scale.vcluster.tfdist_run`). Each times synced training steps on a fixed random batch
 and writes worker{I}.json with the step times, CPU time per step and a checksum of the trainable weights, to
-be compared with Horovod's. Introduced in notebooks/04_horovod_scaling.ipynb.
+be compared with Horovod's. Introduced in notebooks/07_scaling_deep_dive.ipynb.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ tensor, begin/end events per phase). Each gradient tensor first waits in NEGOTIA
 rank has it ready (the slowest rank's backprop decides), then ALLREDUCE runs (nested activities such as
 the copy into the fusion buffer and the Gloo ring itself). `phases()` turns the file into a DataFrame,
 `plot()` draws it per tensor, `summary()` adds the phases up. No TensorFlow here.
-Introduced in notebooks/04_horovod_scaling.ipynb.
+Introduced in notebooks/07_scaling_deep_dive.ipynb.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ checks how well that model predicts the step time of a real training run across 
 
 `measure(rates)` does the whole experiment and returns one JSON-able dict; `load_results()` reads the
 committed copy (notebooks/results/vcluster.json) for machines where the cluster cannot be built.
-TensorFlow is never imported here: the ranks import it. Introduced in notebooks/04_horovod_scaling.ipynb.
+TensorFlow is never imported here: the ranks import it. Introduced in notebooks/07_scaling_deep_dive.ipynb.
 """
 from __future__ import annotations
 

@@ -40,6 +40,10 @@ def test_tensor_fusion_packs_in_order_up_to_the_threshold():
     assert fusion_buffers([10, 20, 30, 100], threshold=50) == [30, 30, 100]
     assert fusion_buffers([10, 20, 30], threshold=0) == [10, 20, 30]  # fusion off
     assert fusion_buffers([10, 20, 30], threshold=64 * 2**20) == [60]
+    # Horovod 0.28.1's default buffer is 128 * 1024 * 1024 bytes (horovod/common/operations.cc), not the 64 MB
+    # its documentation gives: 100 MiB + 20 MiB of gradients travel in one buffer
+    assert fusion_buffers([100 * 2**20, 20 * 2**20]) == [120 * 2**20]
+    assert fusion_buffers([100 * 2**20, 20 * 2**20, 10 * 2**20]) == [120 * 2**20, 10 * 2**20]
     with pytest.raises(ValueError, match="threshold"):
         fusion_buffers([1], threshold=-1)
 

@@ -15,6 +15,19 @@ needs_horovod = pytest.mark.skipif(launch.horovodrun_path() is None, reason="hor
 TINY = dict(batch_size=16, steps=3, repeats=2, warmup_steps=1, num_examples=256)
 
 
+def test_display_command_names_programs_without_their_paths(monkeypatch):
+    """What 04 prints: no path of the machine that ran it, the arguments as they were."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    cmd = launch.build_command(2, ["--steps", "3", "--note", "two words"], launcher="gloo")
+    assert cmd[0].startswith("/") and cmd[5 + 1].startswith("/")  # horovodrun's and Python's full paths
+    shown = launch.display_command(cmd)
+    assert shown.startswith("horovodrun -np 2 -H localhost:2 --gloo python")
+    assert "/" not in shown.split("--steps")[0]
+    assert shown.endswith("-m labkit.scale.hvd_train --steps 3 --note 'two words'")
+    with pytest.raises(ValueError, match="cmd must be a list"):
+        launch.display_command("horovodrun -np 2")
+
+
 def test_build_command_for_each_launcher(monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     cmd = launch.build_command(2, ["--steps", "3"], launcher="gloo")

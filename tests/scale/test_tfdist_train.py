@@ -1,4 +1,4 @@
-"""labkit.scale.tfdist_train: MultiWorkerMirroredStrategy workers on this machine (04_horovod_scaling's
+"""labkit.scale.tfdist_train: MultiWorkerMirroredStrategy workers on this machine (07_scaling_deep_dive's
 tf.distribute comparison; the virtual cluster runs the same workers one per node)."""
 from __future__ import annotations
 
