@@ -15,7 +15,7 @@ import math
 import tempfile
 from pathlib import Path
 
-from labkit.exercises.verdict import CHECKERS, Verdict
+from labkit.exercises.verdict import CHECKERS, Verdict, NOT_ANSWERED  # one 'not answered' line for every exercise
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scale"  # the course's Keras scripts live with the lesson (04)
 REFERENCE = SCRIPTS / "keras_hvd.py"
@@ -26,8 +26,6 @@ BASE_LR = 0.0125  # an unusual value: a script that ignores --lr shows it
 SCRIPT_ARGS = {"epochs": 1, "steps": 8, "batch-size": 8, "lr": BASE_LR}  # 4 steps per rank: tiny on purpose
 TIMEOUT = 300  # seconds for one launch, TensorFlow's start-up on a shared machine included
 
-NOT_ANSWERED = ("Not answered yet: give the path of your script (a copy of labkit/scale/keras_single.py made "
-                "data-parallel). The lesson goes on with labkit/scale/keras_hvd.py.")
 SINGLE_PROCESS = ("Not answered yet: your script is still the single-process one (it never imports horovod); "
                   "edit it as the steps above say and run this cell again. The lesson goes on with "
                   "labkit/scale/keras_hvd.py.")

@@ -43,14 +43,20 @@ def test_at_least_three_exercises_per_notebook_and_twenty_in_all():
     assert len({ex.title for ex in found}) == len(found), "titles must be unique"
 
 
-def _run_pairs(nb, strip: bool):
-    """Run each exercise cell and its check cell in notebook order in one namespace; the printed lines."""
+def _run_pairs(nb, strip: bool, tmp=None):
+    """Run each exercise cell and its check cell in notebook order in one namespace; the printed lines.
+    04's Horovod exercise runs the script on 2 workers (the instructor's copy is written under tmp)."""
+    import tempfile
+
     import tensorflow as tf
 
+    from labkit.exercises import check_hvd
     from labkit.transfer import finetune as transfer
     from labkit.models.cifar import sweep_net
+    tmp = Path(tmp or tempfile.mkdtemp(prefix="labkit-ex-"))
     ns = {"np": np, "tf": tf, "transfer": transfer,  # what the exercise cells use from their notebook's imports
-          "base": sweep_net(filters=32, filter_size=5, pool_size=3, classes=5)}
+          "base": sweep_net(filters=32, filter_size=5, pool_size=3, classes=5),
+          "check_hvd": check_hvd, "MY_SCRIPT": tmp / "my_keras_hvd.py"}
     lines = []
     for ex in exercises.exercises(nb):
         src = nb.cells[ex.cell].source

@@ -142,8 +142,6 @@ def test_write_doc_rewrites_only_the_blocks(tmp_path):
     assert not schedule.write_doc(rows, doc)  # already up to date
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: 04 is over its one-day slot until it is split into a lesson "
-                   "and the 07 deep dive; remove this mark when python -m labkit.exercises.schedule exits 0")
 def test_every_notebook_fits_its_slot():
     rows = schedule.course()
     over = [(s.name, c.block.name) for s in schedule.SCHEDULES for c in schedule.check(s, rows) if not c.fits]
