@@ -9,6 +9,7 @@
     training    the training step, LR schedules, live progress, resume, evaluation
     progress    progress bars whose final state is what a saved notebook keeps
     rankstats   per-rank results of a data-parallel run: weights checksum, step-time summary
+    progress    progress bars whose final state is what a saved notebook keeps
     resultsfile results written atomically: JSON lines, one record per config, settings checked on resume
 
 The base imports no lesson package; the lessons (conv, flops, scale, sweep, transfer) import it.
