@@ -9,8 +9,8 @@
     training    the training step, LR schedules, live progress, resume, evaluation
     progress    progress bars whose final state is what a saved notebook keeps
     rankstats   per-rank results of a data-parallel run: weights checksum, step-time summary
-    progress    progress bars whose final state is what a saved notebook keeps
-    resultsfile results written atomically: JSON lines, one record per config, settings checked on resume
+    resultsfile the one writer of every file labkit writes (atomic, symlinks followed, space checked first);
+                the sweep's results file (JSON lines, locked, merged) on top
 
 The base imports no lesson package; the lessons (conv, flops, scale, sweep, transfer) import it.
 """
