@@ -10,7 +10,6 @@ ratio from the fastest tenth of steps (p10: less sensitive to other processes), 
 the configuration, the launcher the default chose, and the load average before and after.
 """
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -56,7 +55,8 @@ def main(argv=None) -> int:
               f"({ips[True] / ips[False]:.3f}); checksums {'equal' if row['in_sync'] else 'DIFFER'}; "
               f"load {before} -> {after}", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps({"rounds": rounds}, indent=1) + "\n")
+        from labkit.base import resultsfile
+        resultsfile.write_json(a.json, {"rounds": rounds})
     return 0 if all(r["in_sync"] for r in rounds) else 3
 
 

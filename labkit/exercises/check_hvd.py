@@ -243,7 +243,8 @@ def _script_path(answer, tmp: Path) -> Path | Verdict:
         return Verdict("unanswered", NOT_ANSWERED, str(REFERENCE))
     if isinstance(answer, str) and "\n" in answer:
         path = tmp / "answer.py"
-        path.write_text(answer)
+        from labkit.base import resultsfile
+        resultsfile.write_text(path, answer)
         return path
     if not isinstance(answer, (str, Path)):
         return Verdict("unreadable", f"Could not read your answer: expected the path of your script, got "

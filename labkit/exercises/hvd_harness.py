@@ -413,9 +413,9 @@ def main(argv=None) -> int:
             hvd.shutdown()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        tmp = out / f".rank{rank}.json.tmp"
-        tmp.write_text(json.dumps({"rank": rank, "scripts": records}))
-        tmp.replace(out / f"rank{rank}.json")  # atomic: launch never reads half a file
+        from labkit.base import resultsfile
+        # atomic: launch never reads half a file
+        resultsfile.write_json(out / f"rank{rank}.json", {"rank": rank, "scripts": records}, indent=None)
     else:
         print(json.dumps({"rank": rank, "scripts": records}, indent=1))
     return 0

@@ -10,11 +10,12 @@ over the ranks, mean over `repeats` blocks of `steps` steps. `labkit fit-bench` 
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from labkit.base import resultsfile  # every file labkit writes, written atomically
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTEROP_THREADS")
 PATHS = ("fit", "custom_loop")
@@ -149,7 +150,7 @@ def explain(np_: int = 2, *, batch_size: int = 64, steps: int = 20, repeats: int
         entries = [(loop, [*loop_args, *extra]) for _, extra in LOOP_VARIANTS]  # first: hvd_train sets the pools
         for i, (_, edits) in enumerate(VARIANTS):
             entries.append((Path(tmp) / f"variant{i}.py", args))
-            entries[-1][0].write_text(_edited(source, edits))
+            resultsfile.write_text(entries[-1][0], _edited(source, edits))
         names = [name for name, _ in LOOP_VARIANTS] + [name for name, _ in VARIANTS]
         order = [i for _ in range(rounds) for i in range(len(entries))]
         runs = check_hvd.run_scripts([entries[i] for i in order], np_=np_, timeout=timeout, timing=True,
@@ -288,7 +289,7 @@ def cli_main(argv=None) -> int:
         print(f"np={a.np}, small_cnn, batch {a.batch_size}/worker, {a.threads} thread(s)/worker, medians of "
               f"{a.rounds} rounds:\n{table.round(4).to_string()}")
         if a.json_path:
-            Path(a.json_path).write_text(json.dumps({"rows": df.to_dict("records")}, indent=2))
+            resultsfile.write_json(a.json_path, {"rows": df.to_dict("records")}, indent=2)
         return 0
     print(f"labkit fit-bench: {a.rounds} rounds of custom loop then model.fit in one {a.np}-worker launch ...",
           flush=True)
@@ -301,7 +302,7 @@ def cli_main(argv=None) -> int:
           f"{s['p10_ratio']:.3f}; CPU per step: fit {1e3 * s['fit_cpu_step_time_s']:.1f} ms, custom loop "
           f"{1e3 * s['custom_loop_cpu_step_time_s']:.1f} ms")
     if a.json_path:
-        Path(a.json_path).write_text(json.dumps({"rows": df.to_dict("records"), "summary": s}, indent=2))
+        resultsfile.write_json(a.json_path, {"rows": df.to_dict("records"), "summary": s}, indent=2)
     return 0
 
 
