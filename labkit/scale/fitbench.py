@@ -25,6 +25,40 @@ def _check(name, value, minimum):
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
 
+def _launch_args(np_, batch_size, steps, repeats, warmup_steps, threads, rounds):
+    """(the fit script's arguments, hvd_train's path, its arguments): the same run on both paths, checked first."""
+    from labkit.scale import scaling
+    for name, value in (("np_", np_), ("batch_size", batch_size), ("steps", steps), ("repeats", repeats),
+                        ("warmup_steps", warmup_steps), ("rounds", rounds), ("threads", threads)):
+        _check(name, value, 1)
+    total = warmup_steps + steps * repeats  # steps per rank; keras_hvd divides its --steps by the workers
+    fit_args = ["--epochs", "1", "--steps", str(total * np_), "--batch-size", str(batch_size), "--lr", "0.01",
+                "--threads", str(threads)]
+    loop_args = [*scaling.train_args(batch_size=batch_size, steps=steps, repeats=repeats, warmup_steps=warmup_steps,
+                                     threads=threads), "--out", "{workdir}"]
+    return fit_args, Path(scaling.__file__).with_name("hvd_train.py"), loop_args
+
+
+def _run(entries, np_, timeout, threads):
+    """The scripts in one launch, each rank held to `threads` threads."""
+    from labkit.exercises import check_hvd
+    return check_hvd.run_scripts(entries, np_=np_, timeout=timeout, timing=True,
+                                 env_extra={var: str(threads) for var in THREAD_ENV})
+
+
+def _row(label, ranks, fit: bool, batch_size, warmup_steps, steps) -> dict:
+    """One script's numbers from its ranks' records (RuntimeError naming label when a rank failed)."""
+    failed = [r for r in ranks if r.get("error")]
+    if failed:
+        raise RuntimeError(f"{label} failed on rank {failed[0]['rank']}: {failed[0]['error']}")
+    if fit:
+        return fit_images_per_sec(ranks, batch_size, warmup_steps, steps)
+    from labkit.scale import scaling
+    summ = scaling.summarize([r["result"] for r in ranks])
+    return {key: float(summ[key]) for key in ("images_per_sec", "images_per_sec_std", "step_time_s",
+                                              "step_time_p10_s", "cpu_step_time_s")}
+
+
 
 def fit_images_per_sec(ranks: list[dict], batch_size: int, warmup_steps: int, steps: int) -> dict:
     """One fit launch's images/s from its ranks' batch-end times: steps after warm-up, in blocks of `steps`,
@@ -60,34 +94,14 @@ def compare(np_: int = 2, *, batch_size: int = 64, steps: int = 20, repeats: int
     import pandas as pd
 
     from labkit.exercises import check_hvd
-    from labkit.scale import scaling
-    for name, value, minimum in (("np_", np_, 1), ("batch_size", batch_size, 1), ("steps", steps, 1),
-                                 ("repeats", repeats, 1), ("warmup_steps", warmup_steps, 1), ("rounds", rounds, 1),
-                                 ("threads", threads, 1)):
-        _check(name, value, minimum)
     script = Path(script) if script is not None else check_hvd.REFERENCE
-    total = warmup_steps + steps * repeats  # steps per rank; keras_hvd divides its --steps by the workers
-    fit_args = ["--epochs", "1", "--steps", str(total * np_), "--batch-size", str(batch_size), "--lr", "0.01",
-                "--threads", str(threads)]
-    loop_args = [*scaling.train_args(batch_size=batch_size, steps=steps, repeats=repeats, warmup_steps=warmup_steps,
-                                     threads=threads), "--out", "{workdir}"]
-    loop = Path(scaling.__file__).with_name("hvd_train.py")
+    fit_args, loop, loop_args = _launch_args(np_, batch_size, steps, repeats, warmup_steps, threads, rounds)
     order = [path for _ in range(rounds) for path in ("custom_loop", "fit")]
     entries = [(loop, loop_args) if path == "custom_loop" else (script, fit_args) for path in order]
-    runs = check_hvd.run_scripts(entries, np_=np_, timeout=timeout, timing=True,
-                                 env_extra={var: str(threads) for var in THREAD_ENV})
-    rows = []
-    for k, (path, ranks) in enumerate(zip(order, runs)):
-        failed = [r for r in ranks if r.get("error")]
-        if failed:
-            raise RuntimeError(f"{path} failed on rank {failed[0]['rank']}: {failed[0]['error']}")
-        if path == "fit":
-            row = fit_images_per_sec(ranks, batch_size, warmup_steps, steps)
-        else:
-            summ = scaling.summarize([r["result"] for r in ranks])
-            row = {key: float(summ[key]) for key in ("images_per_sec", "images_per_sec_std", "step_time_s",
-                                                     "step_time_p10_s", "cpu_step_time_s")}
-        rows.append({"round": k // 2 + 1, "path": path, **row})
+    runs = _run(entries, np_, timeout, threads)
+    rows = [{"round": k // 2 + 1, "path": path,
+             **_row(path, ranks, path == "fit", batch_size, warmup_steps, steps)}
+            for k, (path, ranks) in enumerate(zip(order, runs))]
     out = pd.DataFrame(rows)
     out.attrs["config"] = {"np": np_, "model": "small_cnn", "batch_size": batch_size, "steps": steps,
                            "repeats": repeats, "warmup_steps": warmup_steps, "threads": threads, "rounds": rounds}
@@ -134,18 +148,8 @@ def explain(np_: int = 2, *, batch_size: int = 64, steps: int = 20, repeats: int
     import pandas as pd
 
     from labkit.exercises import check_hvd
-    for name, value, minimum in (("np_", np_, 1), ("batch_size", batch_size, 1), ("steps", steps, 1),
-                                 ("repeats", repeats, 1), ("warmup_steps", warmup_steps, 1), ("rounds", rounds, 1),
-                                 ("threads", threads, 1)):
-        _check(name, value, minimum)
-    total = warmup_steps + steps * repeats
-    args = ["--epochs", "1", "--steps", str(total * np_), "--batch-size", str(batch_size), "--lr", "0.01",
-            "--threads", str(threads)]
-    from labkit.scale import scaling
+    args, loop, loop_args = _launch_args(np_, batch_size, steps, repeats, warmup_steps, threads, rounds)
     source = check_hvd.REFERENCE.read_text()
-    loop = Path(scaling.__file__).with_name("hvd_train.py")
-    loop_args = [*scaling.train_args(batch_size=batch_size, steps=steps, repeats=repeats, warmup_steps=warmup_steps,
-                                     threads=threads), "--out", "{workdir}"]
     with tempfile.TemporaryDirectory(prefix="labkit-fitbench-") as tmp:
         entries = [(loop, [*loop_args, *extra]) for _, extra in LOOP_VARIANTS]  # first: hvd_train sets the pools
         for i, (_, edits) in enumerate(VARIANTS):
@@ -153,20 +157,10 @@ def explain(np_: int = 2, *, batch_size: int = 64, steps: int = 20, repeats: int
             resultsfile.write_text(entries[-1][0], _edited(source, edits))
         names = [name for name, _ in LOOP_VARIANTS] + [name for name, _ in VARIANTS]
         order = [i for _ in range(rounds) for i in range(len(entries))]
-        runs = check_hvd.run_scripts([entries[i] for i in order], np_=np_, timeout=timeout, timing=True,
-                                     env_extra={var: str(threads) for var in THREAD_ENV})
-    rows = []
-    for k, (i, ranks) in enumerate(zip(order, runs)):
-        failed = [r for r in ranks if r.get("error")]
-        if failed:
-            raise RuntimeError(f"variant {names[i]!r} failed on rank {failed[0]['rank']}: {failed[0]['error']}")
-        if i < len(LOOP_VARIANTS):
-            summ = scaling.summarize([r["result"] for r in ranks])
-            row = {key: float(summ[key]) for key in ("images_per_sec", "images_per_sec_std", "step_time_s",
-                                                     "step_time_p10_s", "cpu_step_time_s")}
-        else:
-            row = fit_images_per_sec(ranks, batch_size, warmup_steps, steps)
-        rows.append({"round": k // len(entries) + 1, "variant": names[i], **row})
+        runs = _run([entries[i] for i in order], np_, timeout, threads)
+    rows = [{"round": k // len(entries) + 1, "variant": names[i],
+             **_row(f"variant {names[i]!r}", ranks, i >= len(LOOP_VARIANTS), batch_size, warmup_steps, steps)}
+            for k, (i, ranks) in enumerate(zip(order, runs))]
     return pd.DataFrame(rows)
 
 
