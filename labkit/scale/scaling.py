@@ -166,7 +166,7 @@ def run(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, war
                           scale_lr=scale_lr, lr_warmup_steps=lr_warmup_steps, threads=threads, sync=sync,
                           seed=seed, extra=extra)
         ranks = launch(n, args, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
-                       env_extra=env_extra)
+                       env_extra=env_extra, threads=threads)
         row = summarize(ranks)
         row["scaling"] = scaling
         rows.append(row)

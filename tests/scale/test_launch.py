@@ -428,3 +428,56 @@ def test_two_ranks_in_sync_through_the_default_launcher(tmp_path, monkeypatch, c
     assert [r["controller"] for r in ranks] == ["mpi", "mpi"]
     assert [r["tuning"] for r in ranks] == [launch.FAST_MPI_SETTINGS] * 2
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
+def test_core_binding_only_for_two_or_more_ranks_that_fit_this_machine(monkeypatch):
+    """mpirun's placement: a core (or `threads` cores) per rank when 2+ ranks fit the cores, else none."""
+    from labkit.base import machine
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setattr(machine, "cores", lambda: 4)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 4 if logical else 2)  # 2 cores x 2 hyperthreads
+    monkeypatch.setattr(sys, "platform", "linux")
+    unbound = ["--bind-to", "none", "--map-by", "slot"]
+    assert launch.core_binding(2, 1) == ["--map-by", "slot:PE=1", "--bind-to", "core"]
+    assert launch.core_binding(1, 1) == unbound  # a lone rank's helper threads may use the free cores
+    assert launch.core_binding(3, 1) == unbound  # 3 ranks on 2 physical cores: hyperthreads are not cores
+    assert launch.core_binding(2, 2) == unbound
+    assert launch.core_binding(2, None) == unbound
+    assert launch.core_binding(2, 1, hosts="node1:1,node2:1") == unbound
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8)
+    assert launch.core_binding(2, 2) == ["--map-by", "slot:PE=2", "--bind-to", "core"]
+    monkeypatch.setattr(sys, "platform", "darwin")  # Open MPI cannot bind on macOS
+    assert launch.core_binding(2, 1) == unbound
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        launch.core_binding(2, 0)
+
+
+def test_mpi_command_places_ranks_by_threads(fake_mpirun, monkeypatch):
+    from labkit.base import machine
+    monkeypatch.setattr(machine, "cores", lambda: 2)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 2)
+    cmd = launch.build_command(2, ["--steps", "3"], launcher="mpi", threads=1)
+    assert cmd[1:7] == ["--map-by", "slot:PE=1", "--bind-to", "core", "-np", "2"]
+    assert launch.build_command(1, launcher="mpi", threads=1)[1:5] == ["--bind-to", "none", "--map-by", "slot"]
+
+
+@pytest.mark.skipif(sys.platform != "linux" or psutil.cpu_count(logical=False) is None
+                    or min(psutil.cpu_count(logical=False), len(psutil.Process().cpu_affinity())) < 2,
+                    reason="needs Linux with 2 usable cores")
+def test_real_mpirun_gives_each_bound_rank_its_own_core(monkeypatch):
+    """The flags do what they say with the mpirun Horovod links: two ranks, one distinct core each."""
+    import os
+    import subprocess
+    from labkit.base import mpi
+    exe = mpi.mpirun_path()
+    if exe is None:
+        pytest.skip("no mpirun for Horovod's MPI here")
+    env = launch.child_env()
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    code = "import os; print('cpus', sorted(os.sched_getaffinity(0)))"
+    out = subprocess.run([str(exe), *launch.core_binding(2, 1), "-np", "2", "-H", "localhost:2", sys.executable,
+                          "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sets = [line.split("cpus", 1)[1].strip() for line in out.stdout.splitlines() if "cpus" in line]
+    assert len(sets) == 2 and all(s.count(",") == 0 for s in sets) and sets[0] != sets[1], out.stdout
