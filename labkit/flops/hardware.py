@@ -164,7 +164,8 @@ class MeasuredGPU:
             if (m.precision, m.batch_size) == (precision, batch_size):
                 return m
         known = ", ".join(f"{m.precision} at batch {m.batch_size}" for m in self.training)
-        raise ValueError(f"precision and batch_size must name a measured run ({known}); got {precision!r}, {batch_size!r}")
+        raise ValueError(f"precision and batch_size must name a measured run ({known}); "
+                         f"got {precision!r}, {batch_size!r}")
 
     def step_seconds(self, precision: str = "bf16", batch_size: int = 256) -> float:
         """Seconds per training step of a measured run: batch size / images per second."""

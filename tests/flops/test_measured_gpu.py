@@ -66,7 +66,7 @@ def test_measured_against_gemm_peak_and_roofline(report):
 
 def test_im2col_record():
     h200 = hardware.MEASURED_H200
-    assert dict((p, (lo, hi)) for p, lo, hi in h200.im2col_vs_cudnn) == {"fp32": (0.16, 0.21), "bf16": (0.10, 0.16)}
+    assert {p: (lo, hi) for p, lo, hi in h200.im2col_vs_cudnn} == {"fp32": (0.16, 0.21), "bf16": (0.10, 0.16)}
     assert h200.gemm_at_cudnn_rate == 3 and "four 3x3" in h200.im2col_layers
     for text in ("PyTorch 2.11", "cuDNN 9.19", "NVIDIA H200", "channels-last", "synthetic data", "November 2026",
                  "not with this course's TensorFlow"):
