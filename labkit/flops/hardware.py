@@ -11,6 +11,10 @@ Device numbers are the vendor's datasheet peaks (boost clocks, dense math; spars
         312 FP16/BF16 tensor, 1,555 GB/s, NVLink 3 600 GB/s.
   H100  NVIDIA H100 Tensor Core GPU datasheet (2022), SXM5 80 GB: 67 TFLOP/s FP32, 989 TF32 and 1,979
         FP16 tensor "with sparsity" (494.7 and 989.4 dense), 3.35 TB/s, NVLink 4 900 GB/s.
+  H200  NVIDIA H200 Tensor Core GPU datasheet (2024), SXM 141 GB HBM3e: 4.8 TB/s, the H100 SXM's compute
+        (67 TFLOP/s FP32, 494.7 TF32 and 989.4 FP16/BF16 tensor dense), NVLink 4 900 GB/s.
+BF16 runs on the same tensor cores as FP16 at the same peak (A100, H100 and H200 datasheets list one figure for
+both), so precision "fp16" stands for either here (2 bytes per value in the roofline).
 Interconnects, per direction (datasheets quote NVLink and PCIe both directions added):
   PCIe 3/4/5 x16   8/16/32 GT/s per lane, 128b/130b coding (PCI-SIG base specifications 3.0, 4.0, 5.0)
   NVLink 2/3/4     6/12/18 links x 25 GB/s (V100, A100, H100 datasheets: 300/600/900 GB/s total)
@@ -21,7 +25,8 @@ where bytes = its input + output activations for the batch + its weights, each r
 Training ~ 3 x forward (backward computes gradients for inputs and weights, each ~ one forward), plus an
 SGD-momentum update that reads weights, gradients, momentum and writes weights and momentum. It is an
 upper bound on speed: real kernels reach part of the peak, and the check against NVIDIA's measured
-ResNet-50 throughput (PUBLISHED) shows how much.
+ResNet-50 throughput (PUBLISHED) shows how much. MEASURED_H200 holds the figures the project measured on one
+H200 (with PyTorch, not TensorFlow): GEMM rates, ResNet-50 training and explicit im2col against cuDNN.
 """
 from __future__ import annotations
 
@@ -90,6 +95,9 @@ DEVICES = {d.name: d for d in (
            "NVLink 3", "NVIDIA A100 Tensor Core GPU datasheet (2020), SXM4 40 GB"),
     Device("H100", "H100 SXM5 80 GB", 2022, 67, 494.7, 989.4, True, 80, 3350,
            "NVLink 4", "NVIDIA H100 Tensor Core GPU datasheet (2022), SXM5; dense tensor peaks (half the sparsity figures)"),
+    Device("H200", "H200 SXM 141 GB", 2024, 67, 494.7, 989.4, True, 141, 4800,
+           "NVLink 4", "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM 141 GB HBM3e; dense tensor peaks "
+           "(half the sparsity figures), the H100 SXM's compute"),
 )}
 
 INTERCONNECTS = {link.name: link for link in (
@@ -127,13 +135,119 @@ PUBLISHED = (
 )
 
 
+# the roofline precision whose peak and bytes per value a measured precision uses (see the module docstring)
+PEAK_PRECISION = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "fp16"}
+
+
+@dataclass(frozen=True)
+class MeasuredGPU:
+    """Figures measured on one real GPU, and how; set beside its datasheet peaks and the roofline (03_flops)."""
+
+    device: str  # a DEVICES name
+    gemm_tflops: tuple  # (precision, TFLOP/s of a large dense matrix multiply)
+    training: tuple  # Measurement rows
+    im2col_vs_cudnn: tuple  # (precision, slowest, fastest) speed of explicit im2col over cuDNN's, per layer
+    im2col_layers: str  # what the im2col comparison ran on
+    gemm_at_cudnn_rate: int  # of those layers, how many the bare matmul ran at cuDNN's speed
+    source: str
+
+    def gemm_flops(self, precision: str) -> float:
+        """Measured GEMM FLOP/s in one precision."""
+        rates = dict(self.gemm_tflops)
+        if precision not in rates:
+            raise ValueError(f"precision must be one of {', '.join(rates)}; got {precision!r}")
+        return rates[precision] * 1e12
+
+    def run(self, precision: str, batch_size: int) -> Measurement:
+        """The training measurement at one precision and batch size."""
+        for m in self.training:
+            if (m.precision, m.batch_size) == (precision, batch_size):
+                return m
+        known = ", ".join(f"{m.precision} at batch {m.batch_size}" for m in self.training)
+        raise ValueError(f"precision and batch_size must name a measured run ({known}); "
+                         f"got {precision!r}, {batch_size!r}")
+
+    def step_seconds(self, precision: str = "bf16", batch_size: int = 256) -> float:
+        """Seconds per training step of a measured run: batch size / images per second."""
+        m = self.run(precision, batch_size)
+        return m.batch_size / m.images_per_s
+
+
+_H200_HOW = ("measured with PyTorch 2.11 (cuDNN 9.19) on one NVIDIA H200, channels-last, synthetic data, "
+             "November 2026 — not with this course's TensorFlow")
+MEASURED_H200 = MeasuredGPU(
+    device="H200",
+    gemm_tflops=(("bf16", 806), ("tf32", 422), ("fp32", 50.5)),
+    training=tuple(Measurement("resnet50_v1.5", "H200", precision, batch, ips, _H200_HOW + ", "
+                               + ("bf16 autocast" if precision == "bf16" else "TF32 matmuls and convolutions"))
+                   for precision, batch, ips in (("bf16", 256, 4710), ("tf32", 256, 3187), ("bf16", 64, 3846))),
+    im2col_vs_cudnn=(("fp32", 0.16, 0.21), ("bf16", 0.10, 0.16)),
+    im2col_layers="ResNet-50's four 3x3 convolutions (conv2_x..conv5_x) at batch 64, unfold + one matmul",
+    gemm_at_cudnn_rate=3,
+    source=_H200_HOW,
+)
+
+
+def _check_measured(measured):
+    if not isinstance(measured, MeasuredGPU):
+        raise ValueError(f"measured must be a MeasuredGPU (e.g. MEASURED_H200); got {type(measured).__name__}")
+
+
+def _check_report(report):
+    macs = getattr(report, "macs", None)
+    if isinstance(macs, bool) or not isinstance(macs, (int, float)) or not macs > 0:
+        raise ValueError(f"report must be a labkit.flops report with macs > 0; got {report!r:.60}")
+
+
+def model_flop_rate(report, images_per_s: float) -> float:
+    """Training FLOP/s a model does at images_per_s: 6 x forward MACs per image (2 FLOPs per MAC, 3 x forward)."""
+    _check_report(report)
+    if isinstance(images_per_s, bool) or not isinstance(images_per_s, (int, float)) or not 0 < images_per_s < math.inf:
+        raise ValueError(f"images_per_s must be a number > 0; got {images_per_s!r}")
+    return 6 * report.macs * images_per_s
+
+
+def gemm_vs_peak(measured=MEASURED_H200):
+    """DataFrame per precision: datasheet peak, measured GEMM rate (TFLOP/s) and the fraction of the peak reached."""
+    import pandas as pd
+
+    _check_measured(measured)
+    device = get_device(measured.device)
+    rows = [{"precision": precision, "datasheet peak TFLOP/s": device.peak_flops(PEAK_PRECISION[precision]) / 1e12,
+             "measured GEMM TFLOP/s": tflops,
+             "% of peak": round(100 * tflops * 1e12 / device.peak_flops(PEAK_PRECISION[precision]), 1)}
+            for precision, tflops in measured.gemm_tflops]
+    return pd.DataFrame(rows).set_index("precision")
+
+
+def measured_vs_roofline(report, measured=MEASURED_H200):
+    """DataFrame per measured training run: images/s, model TFLOP/s, % of the measured GEMM rate and of the
+    peak, and the roofline estimate (estimate() on report) for the same device, batch and precision."""
+    import pandas as pd
+
+    _check_measured(measured)
+    _check_report(report)
+    device = get_device(measured.device)
+    rows = []
+    for m in measured.training:
+        rate = model_flop_rate(report, m.images_per_s)
+        roof = estimate(report, device, m.batch_size, PEAK_PRECISION[m.precision])["training_images_per_s"]
+        rows.append({"precision": m.precision, "batch": m.batch_size, "images/s": m.images_per_s,
+                     "ms/step": round(1e3 * m.batch_size / m.images_per_s, 1),
+                     "model TFLOP/s": round(rate / 1e12, 1),
+                     "% of measured GEMM": round(100 * rate / measured.gemm_flops(m.precision), 1),
+                     "% of peak": round(100 * rate / device.peak_flops(PEAK_PRECISION[m.precision]), 1),
+                     "roofline images/s": round(roof), "measured / roofline": round(m.images_per_s / roof, 2)})
+    return pd.DataFrame(rows)
+
+
 def _check_precision(precision):
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
 
 
 def get_device(name) -> Device:
-    """A Device by name (K80, P100, V100, A100, H100; case-insensitive) or a Device itself."""
+    """A Device by name (K80, P100, V100, A100, H100, H200; case-insensitive) or a Device itself."""
     if isinstance(name, Device):
         return name
     for key, device in DEVICES.items():

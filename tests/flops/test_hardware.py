@@ -14,7 +14,8 @@ ALL = dict(count_bias=True, count_bn=True, count_activations=True, count_pooling
 
 # (FP32 TFLOP/s, memory GB, GB/s) per GPU as frameworks see it; K80's board numbers halved
 DATASHEETS = {"K80": (8.73 / 2, 12, 240), "P100": (10.6, 16, 732), "V100": (15.7, 16, 900),
-              "A100": (19.5, 40, 1555), "H100": (67, 80, 3350)}
+              "A100": (19.5, 40, 1555), "H100": (67, 80, 3350),
+              "H200": (67, 141, 4800)}
 
 
 @pytest.mark.parametrize("name", sorted(DATASHEETS))
@@ -46,7 +47,7 @@ def test_interconnects():
         assert 2 * links[name].gbytes_per_s == total
     assert [links[f"InfiniBand {g}"].gbytes_per_s for g in ("EDR", "HDR", "NDR")] == [12.5, 25, 50]
     assert links["InfiniBand EDR"].seconds(100e6) == pytest.approx(8e-3)
-    assert len(hardware.interconnect_table()) == 9 and len(hardware.device_table()) == 5
+    assert len(hardware.interconnect_table()) == 9 and len(hardware.device_table()) == 6
 
 
 def test_roofline_by_hand():
@@ -69,7 +70,7 @@ def test_roofline_by_hand():
 
 def test_newer_gpus_are_faster_and_hold_bigger_batches():
     report = flops.count_named("resnet50_v1.5", **ALL)
-    estimates = [hardware.estimate(report, name, batch_size=32) for name in ("K80", "P100", "V100", "A100", "H100")]
+    estimates = [hardware.estimate(report, name, batch_size=32) for name in ("K80", "P100", "V100", "A100", "H100", "H200")]
     speeds = [e["training_images_per_s"] for e in estimates]
     assert speeds == sorted(speeds)
     batches = [e["max_batch_size"] for e in estimates]
