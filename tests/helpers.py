@@ -43,6 +43,27 @@ def http_post(url, token=None, body: bytes = b"{}") -> tuple[int, bytes]:
         return err.code, err.read()
 
 
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last lines of a log file ('' where there is none)."""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def failure(fn, *args) -> str:
+    """The message of the failure fn(*args) ends in; a skip in its place fails the test (the point of it)."""
+    with pytest.raises((pytest.fail.Exception, pytest.skip.Exception)) as err:
+        fn(*args)
+    assert err.type is pytest.fail.Exception, f"a skip where a failure belongs: {err.value}"
+    return str(err.value)
+
+
+def fake_executable(path: Path, message: str) -> Path:
+    """An executable at path that prints message on stderr and exits 1."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\necho '{message}' >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
+
+
 @contextlib.contextmanager
 def running_lab(home: Path, token: str, env=None, timeout: float = 90, stdout=None):
     """`scripts/lab.sh --port N --no-browser`, as `make lab` starts it, with JUPYTER_TOKEN=token.
@@ -63,18 +84,21 @@ def running_lab(home: Path, token: str, env=None, timeout: float = 90, stdout=No
             deadline = time.time() + timeout
             while True:
                 if proc.poll() is not None:
-                    pytest.fail(f"JupyterLab exited with {proc.returncode}:\n{log_path.read_text()}")
+                    pytest.fail(f"JupyterLab (scripts/lab.sh) exited with {proc.returncode}; its log's tail:\n"
+                                f"{log_tail(log_path)}", pytrace=False)
                 try:
                     if http_get(base + "/api/status", token)[0] == 200:
                         break
                 except OSError:
                     pass
                 if time.time() > deadline:
-                    pytest.fail(f"JupyterLab did not answer within {timeout:.0f} s")
+                    pytest.fail(f"JupyterLab (scripts/lab.sh) did not answer within {timeout:.0f} s; its log's tail:\n"
+                                f"{log_tail(log_path)}", pytrace=False)
                 time.sleep(0.3)
             yield proc, base
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # a server that exited may have left no group behind
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:

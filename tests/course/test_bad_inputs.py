@@ -52,41 +52,61 @@ def unwritable(tmp_path) -> Path:
 
 
 @pytest.fixture
-def fake_horovodrun(tmp_path):
-    """LABKIT_HOROVODRUN pointing at a script that leaves a marker when anything launches ranks."""
+def fake_launchers(tmp_path):
+    """LABKIT_HOROVODRUN and LABKIT_MPIRUN (labkit.base.horovod / labkit.base.mpi's overrides) pointing at scripts
+    that write their name and arguments into a marker file when run, then exit 1: a launch on either path
+    (horovodrun --gloo, or mpirun, the default on one machine where Horovod has MPI) leaves the marker.
+    `mpirun --version` (how labkit names the MPI) answers as Open MPI does and starts nothing."""
     marker = tmp_path / "ranks-started"
-    exe = tmp_path / "horovodrun"
-    exe.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    return {"LABKIT_HOROVODRUN": str(exe)}, marker
+    env = {}
+    for name, var in (("horovodrun", "LABKIT_HOROVODRUN"), ("mpirun", "LABKIT_MPIRUN")):
+        exe = tmp_path / name
+        version = 'if [ "$1" = --version ]; then echo "mpirun (Open MPI) 5.0.0"; exit 0; fi\n' if name == "mpirun" else ""
+        exe.write_text(f'#!/bin/sh\n{version}echo "{name} $*" >> {marker}\nexit 1\n')
+        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+        env[var] = str(exe)
+    return env, marker
+
+
+@pytest.mark.parametrize("launcher", ["auto", "gloo"])
+def test_the_fake_launchers_stand_where_a_launch_looks(fake_launchers, launcher):
+    """Good input does reach a fake: the markers below can tell a launch on either path."""
+    from labkit.base import mpi
+
+    env, marker = fake_launchers
+    proc = labkit_cli("scale", "--np", "1", "--steps", "1", "--launcher", launcher, env_extra=env)
+    assert proc.returncode != 0, "the fake launcher exits 1"
+    expected = "mpirun" if launcher == "auto" and mpi.horovod_has_mpi() else "horovodrun"
+    assert marker.exists() and marker.read_text().startswith(expected + " "), \
+        f"{expected} was not run: {marker.read_text() if marker.exists() else 'no marker'}\n{proc.stderr[-1500:]}"
 
 
 # --- labkit scale ------------------------------------------------------------------------------------------
 
 
-def test_scale_timeout_nan(fake_horovodrun):
-    env, marker = fake_horovodrun
+def test_scale_timeout_nan(fake_launchers):
+    env, marker = fake_launchers
     assert_clear_cli(labkit_cli("scale", "--np", "1", "--timeout", "nan", env_extra=env), "--timeout")
-    assert not marker.exists()
+    assert not marker.exists(), marker.read_text()
 
 
-def test_scale_unwritable_json(fake_horovodrun, unwritable):
-    env, marker = fake_horovodrun
+def test_scale_unwritable_json(fake_launchers, unwritable):
+    env, marker = fake_launchers
     assert_clear_cli(labkit_cli("scale", "--np", "1", "--json", str(unwritable), env_extra=env), "--json")
-    assert not marker.exists()
+    assert not marker.exists(), marker.read_text()
 
 
-def test_scale_unknown_model_before_ranks_start(fake_horovodrun):
-    env, marker = fake_horovodrun
+def test_scale_unknown_model_before_ranks_start(fake_launchers):
+    env, marker = fake_launchers
     assert_clear_cli(labkit_cli("scale", "--np", "1", "--model", "resnet51", env_extra=env), "model")
-    assert not marker.exists()
+    assert not marker.exists(), marker.read_text()
 
 
 @pytest.mark.parametrize("threads", ["0", "-2"])
-def test_scale_bad_threads_before_ranks_start(fake_horovodrun, threads):
-    env, marker = fake_horovodrun
+def test_scale_bad_threads_before_ranks_start(fake_launchers, threads):
+    env, marker = fake_launchers
     assert_clear_cli(labkit_cli("scale", "--np", "1", "--threads", threads, env_extra=env), "--threads")
-    assert not marker.exists()
+    assert not marker.exists(), marker.read_text()
 
 
 # --- labkit conv-bench, sweep, data ------------------------------------------------------------------------

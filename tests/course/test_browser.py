@@ -7,17 +7,19 @@ page that the explorer's output changed. A screenshot of the explorer lands in t
 
 The notebook is the first course notebook with an explorer (01_cnn_basics, 02_im2col), else a small fixture
 (tests/fixtures_browser/explorer.ipynb); LABKIT_BROWSER_NOTEBOOK=path picks another. Skips only where
-Chromium or Playwright is missing or Chromium cannot start, and says which.
+Chromium or Playwright is not installed, and says which; an installed Chromium or JupyterLab that does not start
+is a failure that names it and ends with the tail of its log.
 """
 import json
 import os
 import shutil
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import http_get, running_lab
+from helpers import failure, fake_executable, http_get, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
@@ -83,22 +85,35 @@ def http_json(url, token):
         return json.loads(resp.read())
 
 
-@pytest.fixture
-def browser():
-    """Headless Debian Chromium under Playwright; skips (with the reason) where it cannot run."""
+def launch_chromium(pw, exe: str):
+    """pw.chromium started headless from exe; an installed browser that does not start fails the test."""
+    try:
+        return pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+    except Exception as err:  # noqa: BLE001  (Playwright raises its own Error type)
+        # Playwright's message ends with the browser's own output ("Browser logs: ...")
+        tail = "\n".join(str(err).strip().splitlines()[-15:])
+        pytest.fail(f"Chromium at {exe} is installed but did not start; its log's tail:\n{tail}", pytrace=False)
+
+
+def installed_chromium() -> str:
+    """chromium_path(), or a skip that says Chromium is not installed."""
     exe = chromium_path()
     if exe is None:
         pytest.skip("Chromium is not installed (scripts/system-deps.sh installs Debian's chromium as root)")
+    return exe
+
+
+@pytest.fixture
+def browser():
+    """Headless Debian Chromium under Playwright; skips (with the reason) where either is not installed."""
+    exe = installed_chromium()
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.skip("Playwright's Python package is not installed (pip install playwright; "
                     "it drives the system Chromium, no browser download)")
     with sync_playwright() as pw:
-        try:
-            chromium = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
-        except Exception as err:  # noqa: BLE001  (Playwright raises its own Error type)
-            pytest.skip(f"Chromium at {exe} cannot start here: {str(err).splitlines()[0]}")
+        chromium = launch_chromium(pw, exe)
         try:
             yield chromium
         finally:
@@ -216,7 +231,7 @@ def test_explorer_runs_and_reacts_to_its_slider_in_chromium(browser, lab, tmp_pa
     assert not errors, f"JavaScript errors on the page: {errors}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: the committed notebooks lack the kernel's language_info, which "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 28: the committed notebooks lack the kernel's language_info, which "
                    "JupyterLab fills in when the kernel connects, so they turn modified; the next `make refresh` "
                    "saves them as JupyterLab does: remove this mark then")
 def test_first_notebook_opens_unmodified_and_without_news(browser, lab):
@@ -232,3 +247,39 @@ def test_first_notebook_opens_unmodified_and_without_news(browser, lab):
         assert "jp-mod-dirty" not in (tab.get_attribute("class") or ""), f"{FIRST} shows the modified dot on opening"
     finally:
         page.close()
+
+
+# --- starting: absent is a skip, installed but broken is a failure -----------------------------------------
+
+
+def test_a_chromium_that_exits_is_a_failure_with_its_log(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright's Python package is not installed")
+    exe = fake_executable(tmp_path / "chromium", "chromium: cannot open shared object file here")
+    with sync_api.sync_playwright() as pw:
+        text = failure(launch_chromium, pw, str(exe))
+    assert text.startswith(f"Chromium at {exe} is installed but did not start"), text
+    assert "cannot open shared object file here" in text, f"the browser's own words are missing:\n{text}"
+
+
+def test_absent_chromium_is_a_skip_that_says_so(monkeypatch, tmp_path):
+    monkeypatch.delenv("LABKIT_CHROMIUM", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no browser on it
+    with pytest.raises(pytest.skip.Exception, match="Chromium is not installed"):
+        installed_chromium()
+
+
+def test_a_lab_that_exits_is_a_failure_with_its_log(tmp_path):
+    """scripts/lab.sh given an environment whose jupyter exits 1: running_lab fails and shows what it printed."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")  # lab.sh claims its port with it
+    fake_executable(venv / "bin" / "jupyter", "jupyter-lab: error: the server extension failed here")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = dict(os.environ, LABKIT_VENV=str(venv), HOME=str(home))
+    def start():
+        with running_lab(home, "labkit-test-token", env=env, timeout=30):
+            pass
+    text = failure(start)
+    assert text.startswith("JupyterLab (scripts/lab.sh) exited with 1"), text
+    assert "the server extension failed here" in text, text

@@ -1,7 +1,8 @@
 """hpc/ templates on a real single-node Slurm: munged, slurmctld and slurmd started here on loopback.
 
 No systemd and nothing outside a temporary directory: the daemons get their own key, socket, ports,
-state and logs, and are stopped by PID at the end. Skips, naming what is missing, where Slurm cannot start.
+state and logs, and are stopped by PID at the end. Skips, naming what is missing, where Slurm is not installed;
+fails, naming the daemon and the tail of its log, where it is installed but does not start.
 """
 import json
 import os
@@ -18,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import failure, fake_executable, free_port
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -42,13 +43,15 @@ def slurm_conf(d: Path, user: str, cpus: int, ctld_port: int, slurmd_port: int) 
 class LoopbackSlurm:
     """A one-node Slurm cluster in directory d; .env is the environment its clients need."""
 
-    def __init__(self, d: Path):
+    def __init__(self, d: Path, path: str = SBIN_PATH):
         self.d, self.procs = d, []
-        self.env = dict(os.environ, PATH=SBIN_PATH, SLURM_CONF=str(d / "etc/slurm.conf"))
+        self.env = dict(os.environ, PATH=path, SLURM_CONF=str(d / "etc/slurm.conf"))
 
     def log_tail(self, lines=15) -> str:
         out = []
-        for log in sorted((self.d / "log").glob("*.log")) + [self.d / "munge/munged.log"]:
+        # *.stdout: what a daemon printed before its log file opened (a configuration it cannot parse)
+        for log in sorted((self.d / "log").glob("*.log")) + sorted((self.d / "log").glob("*.stdout")) + [
+                self.d / "munge/munged.log"]:
             if log.exists():
                 out.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(out)
@@ -154,24 +157,80 @@ class LoopbackSlurm:
                     proc.wait()
 
 
+def start_slurm(d: Path, path: str = SBIN_PATH) -> LoopbackSlurm:
+    """A started LoopbackSlurm in d. Skips where a Slurm or MUNGE command is not installed on path; where all
+    are, a daemon that does not start is a failure (a broken slurm.conf.in must not read as a skip)."""
+    missing = [c for c in COMMANDS if shutil.which(c, path=path) is None]
+    if missing:
+        pytest.skip(f"Slurm is not installed: {', '.join(missing)} not found "
+                    "(scripts/system-deps.sh installs slurmctld slurmd slurm-client munge as root)")
+    cluster = LoopbackSlurm(d, path)
+    try:
+        cluster.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        cluster.stop()
+        pytest.fail(f"Slurm is installed but did not start: {err}\n{cluster.log_tail()}", pytrace=False)
+    return cluster
+
+
 @pytest.fixture(scope="module")
 def slurm():
-    missing = [c for c in COMMANDS if shutil.which(c, path=SBIN_PATH) is None]
-    if missing:
-        pytest.skip(f"Slurm cannot start: {', '.join(missing)} not installed "
-                    "(scripts/system-deps.sh installs slurmctld slurmd slurm-client munge as root)")
     # a short path: munged's socket path must fit a sockaddr_un (108 bytes)
     d = Path(tempfile.mkdtemp(prefix="labkit-slurm-"))
-    cluster = LoopbackSlurm(d)
+    cluster = None
     try:
-        try:
-            cluster.start()
-        except (RuntimeError, OSError, subprocess.SubprocessError) as err:
-            pytest.skip(f"Slurm cannot start here: {err}\n{cluster.log_tail()}")
+        cluster = start_slurm(d)
         yield cluster
     finally:
-        cluster.stop()
+        if cluster is not None:
+            cluster.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+# --- starting: absent is a skip, installed but broken is a failure -----------------------------------------
+
+
+def fake_commands(folder: Path, failing: str = "", message: str = "") -> str:
+    """folder holding a stand-in for every Slurm and MUNGE command (each exits 0, silent), except `failing`,
+    which prints message and exits 1; returns folder as a PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in COMMANDS:
+        if name == failing:
+            fake_executable(folder / name, message)
+        else:
+            (folder / name).write_text("#!/bin/sh\nexit 0\n")
+            (folder / name).chmod(0o755)
+    return str(folder)
+
+
+def test_absent_slurm_is_a_skip_that_names_what_is_missing(tmp_path):
+    path = fake_commands(tmp_path / "bin")
+    os.remove(tmp_path / "bin" / "slurmd")
+    with pytest.raises(pytest.skip.Exception, match="not installed: slurmd not found"):
+        start_slurm(tmp_path / "cluster", path)
+
+
+def test_a_daemon_that_exits_is_a_failure_with_its_log(tmp_path):
+    path = fake_commands(tmp_path / "bin", failing="munged", message="munged: Error: Failed to check keyfile here")
+    text = failure(start_slurm, tmp_path / "cluster", path)
+    assert text.startswith("Slurm is installed but did not start: munged exited with 1"), text
+    assert "Failed to check keyfile here" in text, f"the daemon's own words are missing:\n{text}"
+
+
+def test_a_broken_slurm_conf_is_a_failure_not_a_skip(monkeypatch, tmp_path):
+    """The real daemons on a template with a key Slurm does not know: slurmctld refuses it, and that fails."""
+    if any(shutil.which(c, path=SBIN_PATH) is None for c in COMMANDS):
+        pytest.skip("Slurm is not installed")
+    template = tmp_path / "slurm.conf.in"
+    template.write_text(SLURM_TEMPLATE.read_text() + "NoSuchSlurmKey=1\n")
+    monkeypatch.setattr(sys.modules[__name__], "SLURM_TEMPLATE", template)
+    broken = Path(tempfile.mkdtemp(prefix="labkit-slurm-"))  # short: munged's socket path
+    try:
+        text = failure(start_slurm, broken)
+        assert "did not start: slurmctld" in text, text
+        assert "NoSuchSlurmKey" in text, f"the log's tail does not show the bad line:\n{text}"
+    finally:
+        shutil.rmtree(broken, ignore_errors=True)
 
 
 def test_single_node_template_runs_labkit_scale_with_two_tasks(slurm, tmp_path):
