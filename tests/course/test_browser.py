@@ -231,9 +231,6 @@ def test_explorer_runs_and_reacts_to_its_slider_in_chromium(browser, lab, tmp_pa
     assert not errors, f"JavaScript errors on the page: {errors}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 28: the committed notebooks lack the kernel's language_info, which "
-                   "JupyterLab fills in when the kernel connects, so they turn modified; the next `make refresh` "
-                   "saves them as JupyterLab does: remove this mark then")
 def test_first_notebook_opens_unmodified_and_without_news(browser, lab):
     base, token = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
