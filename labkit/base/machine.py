@@ -59,6 +59,12 @@ def cores() -> int:
     return _usable_cores()
 
 
+def physical_cores() -> int:
+    """Usable cores that are whole cores, not hyperthreads: what hwloc (mpirun --bind-to core) can bind to."""
+    import psutil
+    return min(cores(), psutil.cpu_count(logical=False) or cores())
+
+
 def _usable_cores() -> int:
     n = _affinity_cores()
     quota = cgroup_cpu_limit()

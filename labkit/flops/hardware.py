@@ -213,9 +213,9 @@ def gemm_vs_peak(measured=MEASURED_H200):
 
     _check_measured(measured)
     device = get_device(measured.device)
-    rows = [{"precision": precision, "datasheet peak TFLOP/s": device.peak_flops(PEAK_PRECISION[precision]) / 1e12,
-             "measured GEMM TFLOP/s": tflops,
-             "% of peak": round(100 * tflops * 1e12 / device.peak_flops(PEAK_PRECISION[precision]), 1)}
+    peak = {precision: device.peak_flops(PEAK_PRECISION[precision]) for precision, _ in measured.gemm_tflops}
+    rows = [{"precision": precision, "datasheet peak TFLOP/s": peak[precision] / 1e12,
+             "measured GEMM TFLOP/s": tflops, "% of peak": round(100 * tflops * 1e12 / peak[precision], 1)}
             for precision, tflops in measured.gemm_tflops]
     return pd.DataFrame(rows).set_index("precision")
 
@@ -233,7 +233,7 @@ def measured_vs_roofline(report, measured=MEASURED_H200):
         rate = model_flop_rate(report, m.images_per_s)
         roof = estimate(report, device, m.batch_size, PEAK_PRECISION[m.precision])["training_images_per_s"]
         rows.append({"precision": m.precision, "batch": m.batch_size, "images/s": m.images_per_s,
-                     "ms/step": round(1e3 * m.batch_size / m.images_per_s, 1),
+                     "ms/step": round(1e3 * measured.step_seconds(m.precision, m.batch_size), 1),
                      "model TFLOP/s": round(rate / 1e12, 1),
                      "% of measured GEMM": round(100 * rate / measured.gemm_flops(m.precision), 1),
                      "% of peak": round(100 * rate / device.peak_flops(PEAK_PRECISION[m.precision]), 1),
