@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import failure, fake_executable, free_port
+from helpers import failure, fake_executable, free_port, log_tail
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -53,7 +53,7 @@ class LoopbackSlurm:
         for log in sorted((self.d / "log").glob("*.log")) + sorted((self.d / "log").glob("*.stdout")) + [
                 self.d / "munge/munged.log"]:
             if log.exists():
-                out.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+                out.append(f"--- {log.name}\n" + log_tail(log, lines))
         return "\n".join(out)
 
     def run(self, *cmd, check=True, timeout=30, env=None):
