@@ -4,6 +4,9 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 # pytest arguments for `make test`, e.g. make test ARGS="tests/conv/test_conv.py -x"
 ARGS  ?=
+# test processes (pytest-xdist): the suite's launches leave a core idle while Python and TensorFlow start, so
+# two processes fill both; JOBS=0 runs it in one process (tests/conftest.py says what runs together)
+JOBS  ?= 2
 
 .PHONY: lab test setup refresh lock doctor help
 help:
@@ -24,7 +27,7 @@ lab: setup
 test:
 	@scripts/system-deps.sh
 	@scripts/setup.sh
-	LABKIT_PROFILE=quick $(PY) -m pytest $(ARGS)
+	LABKIT_PROFILE=quick $(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder $(ARGS)
 
 refresh: setup
 	LABKIT_PROFILE=$${LABKIT_PROFILE:-workshop} $(PY) scripts/refresh_notebooks.py $(if $(FORCE),--force)

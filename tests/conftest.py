@@ -37,3 +37,33 @@ def isolated_home(tmp_path, monkeypatch):
 
 def pytest_configure(config):
     os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+# ------------------------------------------------------------------ two test processes (pytest-xdist)
+# `make test` runs the suite in two processes (-n 2 --dist loadscope). A file is one unit of work: its module
+# fixtures start once and nbval's cells run in order in one kernel. The files that share machine-wide state
+# are one unit, run one after the other: the virtual cluster's network namespaces (labkit-node1..N) and the
+# test Slurm that starts on them. That unit is the longest, so it goes first (--no-loadscope-reorder keeps
+# this order) and is not the tail of the run.
+SERIAL_UNIT = "cluster"
+SERIAL_FILES = ("tests/course/test_full_smoke.py", "tests/course/test_slurm.py", "tests/scale/test_vcluster.py")
+
+
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return SERIAL_UNIT if path in SERIAL_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):  # xdist's own scopes are classes and modules; ours files and the unit
+        def _split_scope(self, nodeid):
+            return _unit(nodeid)
+
+    return ByFile(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: what it reports is the order the units go out in
+        items.sort(key=lambda item: _unit(item.nodeid) != SERIAL_UNIT)  # stable

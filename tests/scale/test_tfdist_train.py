@@ -22,7 +22,8 @@ def test_failing_workers_raise_with_their_lines_and_leave_nothing_running():
     with pytest.raises(RuntimeError, match="0 of 2 tf.distribute workers") as err:
         tfdist_train.run_local(2, model="nosuchnet", steps=1, timeout=240)
     assert "nosuchnet" in str(err.value)
-    left = subprocess.run(["pgrep", "-f", "labkit.scale.tfdist_train"], capture_output=True, text=True).stdout
+    # this test's workers only (by their model): the suite runs other tf.distribute launches beside it
+    left = subprocess.run(["pgrep", "-f", "labkit.scale.tfdist_train.*--model nosuchnet"], capture_output=True, text=True).stdout
     assert not left.strip()
 
 
