@@ -198,8 +198,9 @@ def test_cli_hands_hosts_and_one_thread_per_worker_to_the_launcher(monkeypatch, 
 
 def _paired_rank(rank, size, ips, free_ips, checksum, free_checksum):
     """A `hvd_train --paired` rank result: the synced steps' fields, and the control's under "no_sync"."""
-    timing = lambda v: {"images_per_sec_repeats": v, "step_time_s": 8 / v[0], "cpu_step_time_s": 0.5,  # noqa: E731
-                        "step_time_p10_s": 8 / max(v), "step_times_s": [8 / v[0]]}
+    def timing(v):
+        return {"images_per_sec_repeats": v, "step_time_s": 8 / v[0], "cpu_step_time_s": 0.5,
+                "step_time_p10_s": 8 / max(v), "step_times_s": [8 / v[0]]}
     return {**_fake_rank(rank, size, ips, checksum), **timing(ips), "paired": True,
             "no_sync": {**timing(free_ips), "checksum": free_checksum, "checksums_after_block": [free_checksum]}}
 
@@ -241,7 +242,7 @@ def test_cli_paired_prints_both_and_their_ratio(monkeypatch, capsys, tmp_path):
     out = tmp_path / "scale.json"
     assert scaling.cli_main(["--np", "1,2", "--paired", "--json", str(out), "--quiet"]) == 0
     assert len(calls) == 2
-    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("np=2")][0]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("np=2"))
     assert "efficiency 0.90" in line and "without the exchange" in line and "efficiency 2.00" in line
     assert "ratio 0.45" in line and "checksums equal" in line
     doc = json.loads(out.read_text())
