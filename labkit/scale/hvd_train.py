@@ -17,6 +17,10 @@ random batch at any size, as Horovod's own synthetic benchmark feeds ResNet-50),
 (training.warmup_lr) and the step (training.make_train_step, wrapped in hvd.DistributedGradientTape) from
 labkit.base.training, the thread limits from labkit.base.machine.
 
+`--paired` also times the same steps without the allreduce (the control of the exchange's cost), in
+alternating ABBA blocks of this launch: every synced block starts from rank 0's weights (an untimed broadcast)
+and the weights reported are those after the last synced block (labkit.scale.scaling.run_paired).
+
 `--bench-allreduce` instead times `hvd.allreduce` over message sizes, to calibrate the ring-allreduce
 cost model in labkit.scale.allreduce. (04_horovod_scaling)
 """
