@@ -284,7 +284,8 @@ def train(args) -> dict:
         Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         log_path = Path(args.checkpoint_dir) / "log.jsonl"
 
-    # per kind of step ("main": the launch's own, synced unless --no-sync; "no_sync": --paired's control): timed step times, CPU times, the per-thread snapshots around each timed block
+    # per kind of step ("main": the launch's own, synced unless --no-sync; "no_sync": --paired's control):
+    # timed step times, CPU times, the per-thread snapshots around each timed block
     times = {k: {"step": [], "cpu": [], "threads": []} for k in steps}
     losses, main_loss_at, no_sync_checksums, saved = [], 0, [], None
     i = done = 0  # steps run (warm-up included), timed steps run (both kinds under --paired)
