@@ -159,7 +159,7 @@ def test_thread_cpu_over_blocks_sums_what_one_span_would_count():
 
 def test_paired_launch_times_both_and_skips_the_exchange_in_the_control():
     """--paired on 2 ranks: per repeat one block of synced steps and one of the same steps without the
-    exchange. The ranks train on different shards, so after each control block their weights differ (no
+    exchange. The ranks train on different data, so after each control block their weights differ (no
     gradient was averaged: were both blocks the synced step, they would be equal), while the weights reported
     (the state after the last synced block; with 2 repeats the last block run is a control block, undone at
     the end) are equal on both ranks."""
@@ -167,8 +167,9 @@ def test_paired_launch_times_both_and_skips_the_exchange_in_the_control():
     from labkit.scale import scaling
     seen = []
     steps, repeats = 2, 2
+    # --data random: each rank its own fixed batch (seeded by rank), and no data set to build
     with_exchange, without = scaling.run_paired([2], steps=steps, repeats=repeats, warmup_steps=1, batch_size=16,
-                                                progress=seen.append)
+                                                data="random", progress=seen.append)
     ranks = with_exchange.ranks.iloc[0]
     for r in ranks:
         assert r["paired"] and r["sync"] and "no_sync" in r
