@@ -17,6 +17,10 @@ random batch at any size, as Horovod's own synthetic benchmark feeds ResNet-50),
 (training.warmup_lr) and the step (training.make_train_step, wrapped in hvd.DistributedGradientTape) from
 labkit.base.training, the thread limits from labkit.base.machine.
 
+`--paired` also times the same steps without the allreduce (the control of the exchange's cost), in
+alternating ABBA blocks of this launch: every synced block starts from rank 0's weights (an untimed broadcast)
+and the weights reported are those after the last synced block (labkit.scale.scaling.run_paired).
+
 `--bench-allreduce` instead times `hvd.allreduce` over message sizes, to calibrate the ring-allreduce
 cost model in labkit.scale.allreduce. (04_horovod_scaling)
 """
@@ -64,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--barrier", action="store_true",
                    help="with --no-sync: allreduce only the 4-byte loss after each step, a per-step barrier "
                         "without the gradients (tells the wait for the slower rank from the bytes)")
+    p.add_argument("--paired", action="store_true",
+                   help="time the same steps without the exchange too, in alternating blocks in this launch")
     p.add_argument("--num-groups", type=int, default=0,
                    help="hvd.DistributedGradientTape(num_groups=N): allreduce the gradients as N groups, each "
                         "sent once all its tensors are ready (0: Horovod's default, one allreduce per tensor, "
@@ -89,6 +95,10 @@ def parse_args(argv=None):
     for name in ("warmup_steps", "lr_warmup_steps", "threads", "inter_threads", "num_groups"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0; got {getattr(args, name)}")
+    if args.paired and (args.no_sync or args.barrier):
+        bad = "--no-sync" if args.no_sync else "--barrier"
+        p.error(f"--paired cannot be combined with {bad}: it times the synced steps and their exchange-free "
+                "control itself")
     if args.barrier and not args.no_sync:
         p.error("--barrier needs --no-sync (it replaces the gradient allreduce by a 4-byte one)")
     if args.data == "synthetic" and (args.image_size, args.classes) != (32, 10):
@@ -191,6 +201,36 @@ def thread_cpu_by_role(start: dict, end: dict, comm_tids, steps: int, *, network
     return {role: round(1e3 * sec / max(1, steps), 4) for role, sec in out.items()}
 
 
+def schedule(steps: int, repeats: int, warmup_steps: int, paired: bool = False) -> list:
+    """The blocks of steps one rank runs, in order: (kind, number of steps, timed). kind "main" is the launch's
+    own step, "no_sync" --paired's control (the same step without the exchange). Without paired: the warm-up,
+    then all timed steps in one block. With paired: both warm-ups, then per repeat one block of each in ABBA
+    order (even repeats: control first), so a drift in the machine's speed falls on both alike."""
+    if not paired:
+        plan = [("main", warmup_steps, False), ("main", steps * repeats, True)]
+    else:
+        plan = [("no_sync", warmup_steps, False), ("main", warmup_steps, False)]
+        for r in range(repeats):
+            order = ("no_sync", "main") if r % 2 == 0 else ("main", "no_sync")
+            plan += [(kind, steps, True) for kind in order]
+    return [block for block in plan if block[1] > 0]
+
+
+def thread_cpu_over_blocks(blocks, comm_tids, steps: int, *, network_role="gloo_network") -> dict:
+    """thread_cpu_by_role summed over several timed blocks: blocks are (start, end) _thread_snapshot() pairs,
+    steps the timed steps in all of them. A thread seen in epoll in any snapshot counts as a network thread."""
+    if not blocks or not all(start and end for start, end in blocks):
+        return {}
+    start, end = {}, {}
+    for b0, b1 in blocks:
+        for tid, (sec, wchan) in b1.items():
+            total = end.get(tid, (0.0, ""))[0] + sec - b0.get(tid, (0.0, ""))[0]
+            seen = [w for w in (wchan, b0.get(tid, (0, ""))[1], end.get(tid, (0, ""))[1]) if _in_epoll(w)]
+            end[tid] = (total, seen[0] if seen else wchan)
+            start[tid] = (0.0, "")
+    return thread_cpu_by_role(start, end, comm_tids, steps, network_role=network_role)
+
+
 def train(args) -> dict:
     tf, hvd, threads, n_gpus, comm_tids = _setup(args)
     rank, size = hvd.rank(), hvd.size()
@@ -207,9 +247,12 @@ def train(args) -> dict:
     # DistributedGradientTape averages the gradients over all ranks (fused ring allreduce); --no-sync skips it
     tape_wrapper = None if args.no_sync else functools.partial(hvd.DistributedGradientTape,
                                                                num_groups=args.num_groups)
-    step = training.make_train_step(model, opt, loss_fn, tape_wrapper, jit_compile=True if args.jit else None)
+    jit = True if args.jit else None
+    steps = {"main": training.make_train_step(model, opt, loss_fn, tape_wrapper, jit_compile=jit)}
+    if args.paired:  # the control: the same model, optimizer and data, the gradients applied unaveraged
+        steps["no_sync"] = training.make_train_step(model, opt, loss_fn, None, jit_compile=jit)
     if args.barrier:  # every step ends when the slower rank's does, but only 4 bytes cross
-        local_step = step.python_function
+        local_step = steps["main"].python_function
 
         def barrier_step(x, y):
             loss = local_step(x, y)
@@ -219,17 +262,21 @@ def train(args) -> dict:
             with tf.control_dependencies([hvd.allreduce(done, op=hvd.Average, name="barrier")]):
                 return tf.identity(loss)
 
-        step = tf.function(barrier_step, jit_compile=True if args.jit else None)
+        steps["main"] = tf.function(barrier_step, jit_compile=jit)
     if args.no_function:
-        step = step.python_function  # the same step, run eagerly op by op
+        steps = {k: s.python_function for k, s in steps.items()}  # the same steps, run eagerly op by op
 
-    # Everyone starts from rank 0's weights and optimizer state (slots created first, then broadcast).
-    opt._create_all_weights(model.trainable_variables)
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    hvd.broadcast_variables(opt.variables(), root_rank=0)
+    def broadcast():  # everyone from rank 0's weights and optimizer state
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        hvd.broadcast_variables(opt.variables(), root_rank=0)
+
+    opt._create_all_weights(model.trainable_variables)  # the slots exist before the first broadcast
+    broadcast()
 
     it = ds
-    total_steps = args.warmup_steps + args.steps * args.repeats
+    plan = schedule(args.steps, args.repeats, args.warmup_steps, args.paired)
+    timed_total = sum(n for _, n, timed in plan if timed)
+    last_main = max(b for b, (kind, _, _) in enumerate(plan) if kind == "main")
     report_every = args.progress_every or args.steps
     from labkit.base import resultsfile
     log_path, log_lines = None, []
@@ -237,38 +284,69 @@ def train(args) -> dict:
         Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         log_path = Path(args.checkpoint_dir) / "log.jsonl"
 
-    step_times, cpu_times, losses = [], [], []
+    # per kind of step ("main": the launch's own, synced unless --no-sync; "no_sync": --paired's control):
+    # timed step times, CPU times, the per-thread snapshots around each timed block
+    times = {k: {"step": [], "cpu": [], "threads": []} for k in steps}
+    losses, main_loss_at, no_sync_checksums, saved = [], 0, [], None
+    i = done = 0  # steps run (warm-up included), timed steps run (both kinds under --paired)
     t_start = time.perf_counter()
-    for i in range(total_steps):
-        if i == args.fault_at_step and rank == args.fail_rank:
-            raise RuntimeError(f"injected failure on rank {rank} at step {i} (--fail-rank)")
-        if i == args.fault_at_step and rank == args.hang_rank:
-            print(f"rank {rank}: hanging on purpose at step {i} (--hang-rank)", file=sys.stderr, flush=True)
-            time.sleep(10**6)
-        if i == args.warmup_steps:
-            threads_at_start = _thread_snapshot()
-        xb, yb = next(it)
-        c0, t0 = time.process_time(), time.perf_counter()
-        loss = float(step(xb, yb))  # float() waits for the step to finish: honest per-step time
-        dt, dc = time.perf_counter() - t0, time.process_time() - c0
-        losses.append(loss)
-        if i >= args.warmup_steps:
-            step_times.append(dt)
-            cpu_times.append(dc)  # CPU seconds of all this rank's threads: work, not waiting for a core
-        done = i + 1 - args.warmup_steps
-        if rank == 0 and done > 0 and (done % report_every == 0 or i + 1 == total_steps):
-            msg = {"step": done, "steps": args.steps * args.repeats, "loss": round(loss, 4),
-                   "lr": float(lr_fn(i)), "elapsed_s": round(time.perf_counter() - t_start, 2)}
-            print(f"{PROGRESS_TAG} {json.dumps(msg)}", flush=True)
-            if log_path:  # the whole log rewritten atomically (a few lines): a kill leaves the last complete one
-                log_lines.append(json.dumps(msg) + "\n")
-                resultsfile.write_text(log_path, "".join(log_lines))
+    for b, (kind, n_steps, timed) in enumerate(plan):
+        if kind == "main" and b > 0 and plan[b - 1][0] == "no_sync":
+            broadcast()  # untimed: every synced block starts from equal weights, whatever the control did
+        step = steps[kind]
+        before = _thread_snapshot() if timed else None
+        for _ in range(n_steps):
+            if i == args.fault_at_step and rank == args.fail_rank:
+                raise RuntimeError(f"injected failure on rank {rank} at step {i} (--fail-rank)")
+            if i == args.fault_at_step and rank == args.hang_rank:
+                print(f"rank {rank}: hanging on purpose at step {i} (--hang-rank)", file=sys.stderr, flush=True)
+                time.sleep(10**6)
+            xb, yb = next(it)
+            c0, t0 = time.process_time(), time.perf_counter()
+            loss = float(step(xb, yb))  # float() waits for the step to finish: honest per-step time
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            losses.append(loss)
+            i += 1
+            if kind == "main":
+                main_loss_at = len(losses) - 1
+            if not timed:
+                continue
+            times[kind]["step"].append(dt)
+            times[kind]["cpu"].append(dc)  # CPU seconds of all this rank's threads: work, not waiting for a core
+            done += 1
+            # progress counts the timed steps of both kinds under --paired (what the launch still has to do)
+            if rank == 0 and (done % report_every == 0 or done == timed_total):
+                msg = {"step": done, "steps": timed_total, "loss": round(loss, 4),
+                       "lr": float(lr_fn(int(opt.iterations) - 1)), "elapsed_s": round(time.perf_counter() - t_start, 2)}
+                if args.paired:
+                    msg["block"] = kind
+                print(f"{PROGRESS_TAG} {json.dumps(msg)}", flush=True)
+                if log_path:  # the whole log rewritten atomically (a few lines): a kill leaves the last complete one
+                    log_lines.append(json.dumps(msg) + "\n")
+                    resultsfile.write_text(log_path, "".join(log_lines))
+        if timed:
+            times[kind]["threads"].append((before, _thread_snapshot()))
+        if kind == "no_sync" and timed:  # before the next broadcast: each rank's own drift (the proof of no exchange)
+            no_sync_checksums.append(training.weights_checksum([v.numpy() for v in model.trainable_weights]))
+        if b == last_main and b < len(plan) - 1:  # the state to report: after the last synced block
+            saved = [v.numpy() for v in (*model.variables, *opt.variables())]
+    if saved is not None:  # undo the unsynced steps after the last synced block (checksum, checkpoint, lr)
+        for v, value in zip((*model.variables, *opt.variables()), saved):
+            v.assign(value)
 
     controller = "mpi" if hvd.mpi_enabled() else "gloo"  # which one hvd.init chose (the launcher's)
-    thread_cpu_ms = thread_cpu_by_role(threads_at_start, _thread_snapshot(), comm_tids, args.steps * args.repeats,
-                                       network_role="mpi_events" if controller == "mpi" else "gloo_network")
+    network_role = "mpi_events" if controller == "mpi" else "gloo_network"
 
     import numpy as np
+
+    def timing(kind) -> dict:
+        t = times[kind]
+        return {"step_times_s": [round(x, 6) for x in t["step"]],
+                "cpu_step_time_s": float(np.median(t["cpu"])), "cpu_step_times_s": [round(x, 6) for x in t["cpu"]],
+                "thread_cpu_ms_per_step": thread_cpu_over_blocks(t["threads"], comm_tids, len(t["step"]),
+                                                                 network_role=network_role),
+                **training.summarize_times(t["step"], args.batch_size, args.steps)}
+
     # metric averaging: one allreduce of the whole loss history at the end, not one per step
     loss_avg = hvd.allreduce(tf.constant(losses, tf.float32), op=hvd.Average).numpy()
     # what the optimizer trains: BatchNorm's moving mean/variance follow each rank's own shard (Horovod does
@@ -282,20 +360,21 @@ def train(args) -> dict:
         "examples_total": int(n_total), "examples_this_rank": int(n_mine),
         "batch_size": args.batch_size, "global_batch_size": args.batch_size * size,
         "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
-        "lr": args.lr, "lr_final": float(lr_fn(total_steps)), "scale_lr": args.scale_lr,
+        "lr": args.lr, "lr_final": float(lr_fn(int(opt.iterations))), "scale_lr": args.scale_lr,
         "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "barrier": args.barrier, "num_groups": args.num_groups,
-        "jit": args.jit,
-        "step_times_s": [round(t, 6) for t in step_times],
-        "cpu_step_time_s": float(np.median(cpu_times)), "cpu_step_times_s": [round(t, 6) for t in cpu_times],
-        "thread_cpu_ms_per_step": thread_cpu_ms,
+        "jit": args.jit, "paired": args.paired,
+        **timing("main"),
         "loss_local": [round(v, 5) for v in losses],
         "loss_avg": [round(float(v), 5) for v in loss_avg],
-        "final_loss": float(loss_avg[-1]), "final_loss_local": float(losses[-1]),
+        # the last synced step's (under --paired the last step run may be a control step)
+        "final_loss": float(loss_avg[main_loss_at]), "final_loss_local": float(losses[main_loss_at]),
         "checksum": training.weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
         "grad_bytes": int(sum(4 * int(v.shape.num_elements()) for v in model.trainable_variables)),
         "grad_tensors": [4 * int(v.shape.num_elements()) for v in model.trainable_variables],
     }
-    result.update(training.summarize_times(step_times, args.batch_size, args.steps))
+    if args.paired:  # the control's timing, and each rank's trained weights after every one of its blocks
+        result["no_sync"] = {**timing("no_sync"), "checksums_after_block": no_sync_checksums,
+                             "checksum": no_sync_checksums[-1]}
     if rank == 0 and args.checkpoint_dir:
         with resultsfile.replacing_path(Path(args.checkpoint_dir) / "weights.h5") as tmp:
             model.save_weights(str(tmp))

@@ -2,13 +2,14 @@
 efficiency goes when every worker owns one core of the same chip.
 
 `decompose()` measures, in one run and for 1 .. cores workers: the machine's own limit (labkit.scale.probe's
-single-thread GEMM processes), the training workers without gradient exchange (`--no-sync`) and with
-Horovod's exchange. `exchange_cost()` measures what the exchange adds to each step at several batch sizes,
-beside a barrier that only makes the workers step together, Horovod sending the gradients as one group and
+single-thread GEMM processes), the training workers without gradient exchange and with Horovod's exchange
+(both in the same launch: scaling.run_paired). `exchange_cost()` measures what the exchange adds to each
+step at several batch sizes, beside a barrier that only makes the workers step together, Horovod sending the gradients as one group and
 TensorFlow's own MultiWorkerMirroredStrategy, with the CPU time per step of each: on two busy cores the
 exchange costs the CPU time of Horovod's own threads, which the computing threads then lack, not bandwidth.
 `controller_cost()` measures the exchange under Gloo and under MPI with Open MPI's settings, each beside
-its own exchange-free run (`python -m labkit.scale.localscale` writes it to notebooks/results/controllers.json).
+its own exchange-free steps in the same launch (`python -m labkit.scale.localscale` writes it to
+notebooks/results/controllers.json).
 """
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     """Where data-parallel efficiency goes on one machine, measured in one run, for each worker count:
 
     the machine's own limit (labkit.scale.probe: that many single-thread GEMM processes at once), the training
-    workers without gradient exchange (--no-sync: compute on a shared chip) and with Horovod's exchange.
-    Every worker owns one thread (threads=1). workers: default 1 .. machine.cores() (at least 2). run_kw: scaling.run's
-    (model, batch_size, steps, ...). Returns (table, horovod, no_sync): one row per worker count with GFLOP/s,
-    images/s, speedup and efficiency of the three, and the two scaling.run DataFrames.
+    workers without gradient exchange (compute on a shared chip) and with Horovod's exchange, timed in
+    alternating blocks of one launch per worker count (scaling.run_paired). Every worker owns one thread
+    (threads=1). workers: default 1 .. machine.cores() (at least 2). run_kw: scaling.run_paired's (model,
+    batch_size, steps, ...). Returns (table, horovod, no_sync): one row per worker count with GFLOP/s,
+    images/s, speedup and efficiency of the three, and the two scaling.run_paired DataFrames.
     """
     import pandas as pd
     from labkit.base import machine
@@ -45,10 +47,11 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     run_kw = {**run_kw, "threads": 1}
     workers = sorted(set(workers) | {1})  # one worker is every curve's baseline
     gemm, hvd, free = {}, [], []
-    for n in workers:  # interleaved: probe, no exchange, Horovod, then the next worker count
+    for n in workers:  # interleaved: probe, then one launch with and without the exchange, then the next count
         gemm[n] = probe.gemm_probe(n, probe_seconds, base=gemm[1]["gflops_total"] if n > 1 else None)
-        free.append(scaling.run([n], sync=False, progress=False, **run_kw))
-        hvd.append(scaling.run([n], sync=True, progress=False, **run_kw))
+        with_exchange, without = scaling.run_paired([n], progress=False, **run_kw)
+        hvd.append(with_exchange)
+        free.append(without)
         if progress:
             print(f"{n} worker(s): GEMM processes {gemm[n]['gflops_total']:.0f} GFLOP/s; training "
                   f"{free[-1]['images_per_sec'].iloc[0]:,.0f} images/s without exchange, "
@@ -105,7 +108,7 @@ EXCHANGE_VARIANTS = ("barrier", "one_group", "tf_distribute")
 
 def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **run_kw):
     """Per batch size: np_ workers (one thread each) without exchange and with Horovod's gradient exchange,
-    one launch each, back to back, plus one launch per name in variants:
+    in alternating blocks of one launch (scaling.run_paired), plus one launch per name in variants:
 
     * "barrier": no gradients cross, but every step ends with a 4-byte allreduce issued after the update
       (hvd_train --no-sync --barrier): what stepping together costs, the wait for the slower worker included;
@@ -135,11 +138,12 @@ def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **ru
         raise ValueError(f"variants must be names from {EXCHANGE_VARIANTS}; got {bad[0]!r}")
     run_kw = {"data": "random", **run_kw, "threads": 1}
     extra = tuple(run_kw.pop("extra", ()))
-    launches = {"horovod": dict(sync=True), "barrier": dict(sync=False, extra=extra + ("--barrier",)),
+    launches = {"barrier": dict(sync=False, extra=extra + ("--barrier",)),
                 "one_group": dict(sync=True, extra=extra + ("--num-groups", "1"))}
     rows = []
     for b in batches:
-        free = scaling.run([np_], batch_size=b, sync=False, progress=progress, extra=extra, **run_kw).iloc[0]
+        hvd, free = (df.iloc[0] for df in scaling.run_paired([np_], batch_size=b, progress=progress, extra=extra,
+                                                             **run_kw))
         row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"],
                **_comm_threads("no_sync", free)}
         for name in ["horovod", *variants]:
@@ -152,8 +156,8 @@ def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **ru
                 cpu = float(sorted(w["cpu_step_time_s"] for w in workers)[len(workers) // 2])
                 in_sync = len({w["checksum_trainable"] for w in workers}) == 1
             else:
-                kw = {"extra": extra, **launches[name]}
-                r = scaling.run([np_], batch_size=b, progress=progress, **kw, **run_kw).iloc[0]
+                r = hvd if name == "horovod" else scaling.run([np_], batch_size=b, progress=progress,
+                                                              **launches[name], **run_kw).iloc[0]
                 step, cpu, in_sync = r["step_time_s"], r["cpu_step_time_s"], bool(r["in_sync"])
                 row.update(_comm_threads(name, r))
             row.update({f"{name}_step_ms": 1e3 * step, f"{name}_ms": 1e3 * step - row["no_sync_step_ms"],
@@ -197,12 +201,12 @@ def _check_settings(settings) -> list:
 
 
 def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress=False, **run_kw):
-    """Horovod's exchange under each setting, each beside its own exchange-free run.
+    """Horovod's exchange under each setting, each beside its own exchange-free steps in the same launch.
 
     settings: (label, launcher 'gloo' | 'mpi', environment of the launch) tuples (default CONTROLLERS). For
-    each, np_ workers (one thread each) train `batch` images per step once without exchange (--no-sync) and
-    once with Horovod's, on one fixed batch of random images unless run_kw says otherwise. Every round runs
-    every setting once, in order, so a busy spell on a shared machine falls on all of them alike; the table
+    each, np_ workers (one thread each) train `batch` images per step in one launch, in alternating blocks
+    without exchange and with Horovod's (scaling.run_paired), on one fixed batch of random images unless
+    run_kw says otherwise. Every round runs every setting once, in order, so a busy spell on a shared machine falls on all of them alike; the table
     keeps the median over rounds. MPI settings need a Horovod built with MPI and an mpirun (checked before any
     launch). Returns one row per setting: label, launcher, settings ('NAME=value ...'), no_sync_step_ms and
     horovod_step_ms (median step, over the workers), vs_no_sync (the share of its own exchange-free speed the
@@ -232,10 +236,10 @@ def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress
     seen = {label: {"no_sync": [], "horovod": []} for label, _, _ in settings}
     for r in range(rounds):
         for label, launcher, env in settings:
-            for name, sync in (("no_sync", False), ("horovod", True)):
-                df = scaling.run([np_], batch_size=batch, sync=sync, launcher=launcher, progress=False,
-                                 env_extra={**base_env, **env}, **run_kw)
-                seen[label][name].append(df.iloc[0])
+            with_exchange, without = scaling.run_paired([np_], batch_size=batch, launcher=launcher, progress=False,
+                                                        env_extra={**base_env, **env}, **run_kw)
+            seen[label]["no_sync"].append(without.iloc[0])
+            seen[label]["horovod"].append(with_exchange.iloc[0])
             if progress:
                 last = seen[label]
                 print(f"round {r + 1}/{rounds}, {label}: no exchange "

@@ -2,8 +2,9 @@
 
 `run(np=[1, 2])` launches labkit.scale.hvd_train through labkit.scale.launch once per worker count and returns a
 pandas DataFrame with one row per worker count: total images/s (mean and spread over timed repeats),
-speedup, efficiency, each rank's weight checksum. `per_rank` unfolds the ranks, `to_json` writes the
-`labkit scale --json` document, `plot_scaling` draws it. The cost model that explains the numbers is
+speedup, efficiency, each rank's weight checksum. `run_paired` times the same steps with and without the
+gradient exchange in alternating blocks of one launch per worker count (two such DataFrames). `per_rank`
+unfolds the ranks, `to_json` writes the `labkit scale --json` document, `plot_scaling` draws it. The cost model that explains the numbers is
 labkit.scale.allreduce; the explorer widget is labkit.widgets.scaling.
 """
 from __future__ import annotations
@@ -136,6 +137,56 @@ def run(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, war
     every rank's result dict in column "ranks" and the controller they ran; `per_rank(df)` unfolds them.
     """
     import pandas as pd
+    launches = _launches(np, model=model, batch_size=batch_size, steps=steps, repeats=repeats,
+                         warmup_steps=warmup_steps, scaling=scaling, data=data, num_examples=num_examples, lr=lr,
+                         scale_lr=scale_lr, lr_warmup_steps=lr_warmup_steps, threads=threads, sync=sync,
+                         seed=seed, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
+                         env_extra=env_extra, extra=extra)
+    return efficiency(pd.DataFrame([{**summarize(ranks), "scaling": scaling} for ranks in launches]))
+
+
+def without_exchange(rank: dict) -> dict:
+    """A `--paired` rank result as if its exchange-free blocks had been a `--no-sync` launch of their own: its
+    "no_sync" timing and checksum in place of the synced steps', sync False (what summarize reads)."""
+    part = rank["no_sync"]
+    return {**{k: v for k, v in rank.items() if k != "no_sync"},
+            **{k: v for k, v in part.items() if k != "checksums_after_block"}, "sync": False}
+
+
+def run_paired(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, warmup_steps=5,
+               scaling="weak", data="synthetic", num_examples=None, lr=0.01, scale_lr=False, lr_warmup_steps=0,
+               threads=1, seed=0, launcher="auto", hosts=None, timeout=300, progress=True, env_extra=None,
+               extra=()):
+    """Horovod's exchange and its control timed in the same launch: returns (with_exchange, without), two
+    DataFrames in run()'s format, from ONE launch per worker count (hvd_train --paired).
+
+    Every rank runs, per repeat, one block of `steps` synced steps and one of the same steps without the
+    gradient allreduce, in alternating (ABBA) order, so the ratio of the two is free of what differs from
+    launch to launch (core placement, clock speed). Every synced block starts from rank 0's weights (an
+    untimed broadcast), so the with_exchange checksums (the weights after the last synced block) prove the
+    sync as run()'s do. In `without`, a rank's checksum is that of its weights after its last exchange-free
+    block, before the broadcast undoes that block's drift: the ranks differ there at np > 1 (in_sync False,
+    as in a run(sync=False) launch), the proof that those blocks exchanged nothing. Arguments: run()'s.
+    """
+    import pandas as pd
+    bad = [a for a in map(str, extra) if a in ("--no-sync", "--barrier", "--paired")]
+    if bad:
+        raise ValueError(f"extra must not hold {bad[0]}: run_paired times the exchange and its control itself")
+    launches = _launches(np, model=model, batch_size=batch_size, steps=steps, repeats=repeats,
+                         warmup_steps=warmup_steps, scaling=scaling, data=data, num_examples=num_examples, lr=lr,
+                         scale_lr=scale_lr, lr_warmup_steps=lr_warmup_steps, threads=threads, sync=True,
+                         seed=seed, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
+                         env_extra=env_extra, extra=(*extra, "--paired"))
+    with_rows, without_rows = [], []
+    for ranks in launches:
+        with_rows.append({**summarize(ranks), "scaling": scaling})
+        without_rows.append({**summarize([without_exchange(r) for r in ranks]), "scaling": scaling})
+    return efficiency(pd.DataFrame(with_rows)), efficiency(pd.DataFrame(without_rows))
+
+
+def _launches(np, *, model, batch_size, steps, repeats, warmup_steps, scaling, data, num_examples, lr, scale_lr,
+              lr_warmup_steps, threads, sync, seed, launcher, hosts, timeout, progress, env_extra, extra):
+    """run()'s checks, then one launch per worker count: a list of each launch's rank results, in np order."""
     nps = [np] if isinstance(np, int) else list(np)
     if not nps or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in nps):
         raise ValueError(f"np must be a positive int or a list of them; got {np!r}")
@@ -158,19 +209,16 @@ def run(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, war
     if progress:
         print(note, flush=True)
     env_extra = {**settings, **(env_extra or {})}
-    rows = []
+    out = []
     for n in nps:
         per_rank = batch_size // n if scaling == "strong" else batch_size
         args = train_args(model=model, batch_size=per_rank, steps=steps, repeats=repeats,
                           warmup_steps=warmup_steps, data=data, num_examples=num_examples, lr=lr,
                           scale_lr=scale_lr, lr_warmup_steps=lr_warmup_steps, threads=threads, sync=sync,
                           seed=seed, extra=extra)
-        ranks = launch(n, args, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
-                       env_extra=env_extra, threads=threads)
-        row = summarize(ranks)
-        row["scaling"] = scaling
-        rows.append(row)
-    return efficiency(pd.DataFrame(rows))
+        out.append(launch(n, args, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
+                          env_extra=env_extra, threads=threads))
+    return out
 
 
 def per_rank(df):
@@ -388,6 +436,9 @@ def cli_main(argv=None) -> int:
                    help="synthetic (default), auto (CIFAR-10 if on disk, else the offline set) or cifar10")
     p.add_argument("--launcher", choices=["auto", "gloo", "mpi", "srun"], default="auto")
     p.add_argument("--timeout", type=float, default=600, help="seconds per launch before everything is killed")
+    p.add_argument("--paired", action="store_true",
+                   help="also time the same steps without the gradient exchange, in alternating blocks of the "
+                        "same launch (run_paired): efficiency with and without the exchange, and their ratio")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--oversubscribe", action="store_true",
@@ -406,9 +457,10 @@ def cli_main(argv=None) -> int:
 
     previous = {s: signal.signal(s, terminate) for s in handled}
     try:
-        df = run(a.np, model=a.model, batch_size=a.batch_size, steps=a.steps, repeats=a.repeats,
-                 warmup_steps=a.warmup_steps, scaling=a.scaling, data=a.data, threads=a.threads,
-                 launcher=a.launcher, hosts=a.hosts, timeout=a.timeout, progress=not a.quiet)
+        kw = dict(model=a.model, batch_size=a.batch_size, steps=a.steps, repeats=a.repeats,
+                  warmup_steps=a.warmup_steps, scaling=a.scaling, data=a.data, threads=a.threads,
+                  launcher=a.launcher, hosts=a.hosts, timeout=a.timeout, progress=not a.quiet)
+        df, free = run_paired(a.np, **kw) if a.paired else (run(a.np, **kw), None)
     except Terminated as stop:
         print(f"labkit scale: stopped by signal {stop.args[0]}; every process of the launch was killed",
               file=sys.stderr)
@@ -425,11 +477,17 @@ def cli_main(argv=None) -> int:
     print(f"the ranks trained on: {df['data'].iloc[0]}")
     doc = to_json(df, model=a.model, scaling=a.scaling, steps=a.steps, repeats=a.repeats,
                   warmup_steps=a.warmup_steps, data=str(df["data"].iloc[0]), launcher=a.launcher,
-                  hosts=a.hosts, threads_per_worker=a.threads)
-    for r in doc["runs"]:
-        print(f"np={r['np']}: {r['images_per_sec']:.1f} +- {r['images_per_sec_std']:.1f} images/s, "
-              f"efficiency {r['efficiency']:.2f} (uncontended steps: {r.get('p10_efficiency', float('nan')):.2f}), "
-              f"checksums {'equal' if r['in_sync'] else 'DIFFER'}")
+                  hosts=a.hosts, threads_per_worker=a.threads, paired=a.paired)
+    if free is not None:  # the same launches' exchange-free blocks; their ranks drift apart by design
+        doc["without_exchange"] = to_json(free)["runs"]
+    for k, r in enumerate(doc["runs"]):
+        line = (f"np={r['np']}: {r['images_per_sec']:.1f} +- {r['images_per_sec_std']:.1f} images/s, "
+                f"efficiency {r['efficiency']:.2f} (uncontended steps: {r.get('p10_efficiency', float('nan')):.2f})")
+        if free is not None:
+            w = doc["without_exchange"][k]
+            line += (f"; without the exchange {w['images_per_sec']:.1f} +- {w['images_per_sec_std']:.1f} images/s, "
+                     f"efficiency {w['efficiency']:.2f}; ratio {r['efficiency'] / w['efficiency']:.2f}")
+        print(f"{line}, checksums {'equal' if r['in_sync'] else 'DIFFER'}")
     if a.json_path:
         from labkit.base import resultsfile
         resultsfile.write_json(a.json_path, doc, indent=2)

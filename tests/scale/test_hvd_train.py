@@ -38,6 +38,8 @@ def test_arguments_parse():
     (["--batch-size", "0"], "--batch-size"), (["--threads", "-1"], "--threads"),
     (["--model", "nosuchnet"], "--model"), (["--data", "synthetic", "--image-size", "224"], "--data synthetic"),
     (["--barrier"], "--barrier needs --no-sync"), (["--num-groups", "-1"], "--num-groups"),
+    (["--paired", "--no-sync"], "--paired cannot be combined with --no-sync"),
+    (["--paired", "--barrier"], "--paired cannot be combined with --barrier"),
 ])
 def test_bad_arguments_exit_2_with_one_line_before_any_model(argv, word):
     proc = subprocess.run([sys.executable, "-m", "labkit.scale.hvd_train", *argv], capture_output=True, text=True,
@@ -129,3 +131,57 @@ def test_two_ranks_report_their_threads_cpu_time():
         assert set(roles) in (set(ht.THREAD_ROLES), {"training", "communication"}) and roles["training"] > 0
         mean_cpu_ms = 1e3 * sum(r["cpu_step_times_s"]) / len(r["cpu_step_times_s"])
         assert sum(roles.values()) == pytest.approx(mean_cpu_ms, rel=0.2)
+
+
+def test_paired_schedule_alternates_abba_after_both_warmups():
+    assert ht.schedule(2, 3, 1) == [("main", 1, False), ("main", 6, True)]
+    assert ht.schedule(2, 3, 1, paired=True) == [
+        ("no_sync", 1, False), ("main", 1, False),
+        ("no_sync", 2, True), ("main", 2, True), ("main", 2, True), ("no_sync", 2, True),
+        ("no_sync", 2, True), ("main", 2, True)]
+    assert ht.schedule(5, 1, 0, paired=True) == [("no_sync", 5, True), ("main", 5, True)]  # no empty blocks
+
+
+def test_thread_cpu_over_blocks_sums_what_one_span_would_count():
+    """Three snapshots s0, s1, s2: blocks (s0, s1) and (s1, s2) count what the one span (s0, s2) counts; a
+    thread seen in epoll only at the middle snapshot is still Gloo's."""
+    s0 = {1: (1.0, ""), 11: (0.5, ""), 12: (0.2, "")}
+    s1 = {1: (1.2, ""), 11: (0.55, ""), 12: (0.3, "do_epoll_wait"), 20: (0.1, "")}
+    s2 = {1: (1.5, ""), 11: (0.6, ""), 12: (0.5, ""), 20: (0.3, "")}
+    whole = ht.thread_cpu_by_role(s0, {**s2, 12: (0.5, "do_epoll_wait")}, {11, 12}, 100)
+    assert ht.thread_cpu_over_blocks([(s0, s1), (s1, s2)], {11, 12}, 100) == pytest.approx(whole)
+    assert whole == pytest.approx({"training": 8.0, "horovod_background": 1.0, "gloo_network": 3.0})
+    # only some blocks: the gap between them does not count
+    assert ht.thread_cpu_over_blocks([(s0, s1)], {11, 12}, 10) == pytest.approx(
+        {"training": 30.0, "horovod_background": 5.0, "gloo_network": 10.0})
+    assert ht.thread_cpu_over_blocks([], {11}, 10) == {} and ht.thread_cpu_over_blocks([({}, s1)], {11}, 10) == {}
+
+
+def test_paired_launch_times_both_and_skips_the_exchange_in_the_control():
+    """--paired on 2 ranks: per repeat one block of synced steps and one of the same steps without the
+    exchange. The ranks train on different data, so after each control block their weights differ (no
+    gradient was averaged: were both blocks the synced step, they would be equal), while the weights reported
+    (the state after the last synced block; with 2 repeats the last block run is a control block, undone at
+    the end) are equal on both ranks."""
+    pytest.importorskip("horovod.tensorflow")
+    from labkit.scale import scaling
+    seen = []
+    steps, repeats = 2, 2
+    # --data random: each rank its own fixed batch (seeded by rank), and no data set to build
+    with_exchange, without = scaling.run_paired([2], steps=steps, repeats=repeats, warmup_steps=1, batch_size=16,
+                                                data="random", progress=seen.append)
+    ranks = with_exchange.ranks.iloc[0]
+    for r in ranks:
+        assert r["paired"] and r["sync"] and "no_sync" in r
+        assert len(r["step_times_s"]) == steps * repeats == len(r["no_sync"]["step_times_s"])
+        assert len(r["cpu_step_times_s"]) == len(r["no_sync"]["cpu_step_times_s"]) == steps * repeats
+        assert len(r["images_per_sec_repeats"]) == len(r["no_sync"]["images_per_sec_repeats"]) == repeats
+        assert len(r["loss_local"]) == 2 * (1 + steps * repeats)  # both warm-ups and both kinds of blocks
+        assert len(r["no_sync"]["checksums_after_block"]) == repeats
+    assert ranks[0]["checksum"] == ranks[1]["checksum"] and bool(with_exchange.in_sync.iloc[0])
+    for a, b in zip(ranks[0]["no_sync"]["checksums_after_block"], ranks[1]["no_sync"]["checksums_after_block"]):
+        assert a != b  # the control blocks exchanged nothing
+    assert not bool(without.in_sync.iloc[0]) and not bool(without.sync.iloc[0])
+    assert without.ranks.iloc[0][0]["step_times_s"] == ranks[0]["no_sync"]["step_times_s"]
+    # rank 0's progress counts the timed steps of both kinds
+    assert seen and seen[-1]["step"] == seen[-1]["steps"] == 2 * steps * repeats

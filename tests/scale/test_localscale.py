@@ -43,9 +43,25 @@ def _fake_run(step_ms):
     return run
 
 
+def _fake_paired(run, calls=None):
+    """scaling.run_paired stand-in from a scaling.run stand-in: (with the exchange, without), one launch."""
+    def run_paired(nps, **kw):
+        assert "sync" not in kw and not {"--no-sync", "--barrier"} & set(kw.get("extra", ()))
+        if calls is not None:
+            calls.append(("paired", kw.get("batch_size", 64)))
+        return run(nps, sync=True, **kw), run(nps, sync=False, **kw)
+    return run_paired
+
+
+def _no_separate_launch(*a, **k):
+    pytest.fail("the exchange and its control run in one launch (run_paired), not as two scaling.run launches")
+
+
 def test_decompose_takes_the_three_curves_apart(monkeypatch):
     # compute 10 ms alone, 12 ms when two share the chip; the exchange adds 5 ms; GEMMs keep 0.95
-    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: (10 if n == 1 else 12) + (5 if sync and n > 1 else 0)))
+    monkeypatch.setattr(scaling, "run", _no_separate_launch)
+    monkeypatch.setattr(scaling, "run_paired", _fake_paired(
+        _fake_run(lambda n, sync, b: (10 if n == 1 else 12) + (5 if sync and n > 1 else 0))))
     monkeypatch.setattr(probe, "gemm_probe", lambda n, seconds, base=None: {
         "gflops_total": 100.0 * n * (1 if n == 1 else 0.95), "speedup": n * (1 if n == 1 else 0.95),
         "efficiency": 1 if n == 1 else 0.95})
@@ -61,7 +77,14 @@ def test_decompose_takes_the_three_curves_apart(monkeypatch):
 def test_exchange_cost_is_the_step_time_difference(monkeypatch):
     # compute b/6.4 ms; the barrier alone adds 1 ms, the gradients 6 ms, as one group 3 ms; tf.distribute 2 ms
     extra = {False: 0, "barrier": 1, True: 6, "one_group": 3}
-    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: b / 6.4 + extra[sync]))
+    fake, launches = _fake_run(lambda n, sync, b: b / 6.4 + extra[sync]), []
+
+    def run(nps, *, extra=(), batch_size=64, **kw):  # the variants alone are launches of their own
+        assert "--barrier" in extra or "--num-groups" in extra, extra
+        launches.append(("run", batch_size))
+        return fake(nps, extra=extra, batch_size=batch_size, **kw)
+    monkeypatch.setattr(scaling, "run", run)
+    monkeypatch.setattr(scaling, "run_paired", _fake_paired(fake, launches))
     calls = []
 
     def fake_tfdist(np_, *, model, batch_size, steps, timeout):
@@ -82,9 +105,13 @@ def test_exchange_cost_is_the_step_time_difference(monkeypatch):
     assert cost.one_group_vs_no_sync.tolist() == pytest.approx([10 / 13, 40 / 43])
     assert cost.tf_distribute_in_sync.all() and cost.horovod_in_sync.all() and "barrier_in_sync" not in cost
     assert calls == [(2, "small_cnn", 64, 10), (2, "small_cnn", 256, 10)]  # as many timed steps as Horovod's
+    # per batch: one paired launch (with and without the exchange) and one per Horovod variant
+    assert launches == [("paired", 64), ("run", 64), ("run", 64), ("paired", 256), ("run", 256), ("run", 256)]
     assert "vs_best_no_sync" not in cost  # one setting at several batches: no fastest baseline to compare
+    launches.clear()
     plain = localscale.exchange_cost([64])
-    assert "barrier_ms" not in plain.columns and "tf_distribute_ms" not in plain.columns  # two launches by default
+    assert "barrier_ms" not in plain.columns and "tf_distribute_ms" not in plain.columns
+    assert launches == [("paired", 64)]  # one launch by default
 
 
 @pytest.mark.parametrize("call, word", [
@@ -107,31 +134,37 @@ def test_exchange_cost_reports_the_communication_threads(monkeypatch):
                                              "gloo_network": g}} for g in gloo]
         return pd.DataFrame([{"np": 2, "step_time_s": 0.012 if sync else 0.009, "cpu_step_time_s": 0.01,
                               "in_sync": sync, "ranks": ranks}])
-    monkeypatch.setattr(scaling, "run", run)
+    monkeypatch.setattr(scaling, "run", _no_separate_launch)
+    monkeypatch.setattr(scaling, "run_paired", _fake_paired(run))
     cost = localscale.exchange_cost([64]).iloc[0]
     assert cost.no_sync_gloo_cpu_ms == pytest.approx(0.5) and cost.horovod_gloo_cpu_ms == pytest.approx(4.0)
     assert cost.no_sync_hvd_thread_cpu_ms == pytest.approx(0.4) and cost.horovod_hvd_thread_cpu_ms == pytest.approx(0.6)
     # a worker whose kernel hid the split: no columns rather than a made-up number
-    monkeypatch.setattr(scaling, "run", lambda nps, **kw: pd.DataFrame([{
+    monkeypatch.setattr(scaling, "run_paired", _fake_paired(lambda nps, **kw: pd.DataFrame([{
         "np": 2, "step_time_s": 0.01, "cpu_step_time_s": 0.01, "in_sync": True,
-        "ranks": [{"thread_cpu_ms_per_step": {"training": 9.0, "communication": 1.0}}] * 2}]))
+        "ranks": [{"thread_cpu_ms_per_step": {"training": 9.0, "communication": 1.0}}] * 2}])))
     assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
     # a worker without the report (no /proc): no columns rather than a made-up number
-    monkeypatch.setattr(scaling, "run", _fake_run(lambda n, sync, b: 10.0))
+    monkeypatch.setattr(scaling, "run_paired", _fake_paired(_fake_run(lambda n, sync, b: 10.0)))
     assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
 
 
 def _fake_controller_run(step_ms, calls):
-    """scaling.run stand-in for controller_cost: step_ms(launcher, env, sync, round) -> ms; records each call."""
-    def run(nps, *, sync=True, batch_size=64, launcher="auto", env_extra=None, **kw):
-        r = sum(1 for c in calls if c[:3] == (launcher, tuple(sorted(env_extra.items())), sync))
-        calls.append((launcher, tuple(sorted(env_extra.items())), sync))
-        t = step_ms(launcher, env_extra, sync, r) / 1e3
-        ranks = [{"controller": launcher, "tuning": dict(env_extra),
-                  "thread_cpu_ms_per_step": {"training": 9.0, "horovod_background": 1.0 + sync + i}} for i in range(2)]
-        return pd.DataFrame([{"np": nps[0], "step_time_s": t, "cpu_step_time_s": 0.8 * t, "in_sync": sync,
-                              "ranks": ranks}])
-    return run
+    """scaling.run_paired stand-in for controller_cost: step_ms(launcher, env, sync, round) -> ms, for the
+    launch's blocks with (sync True) and without the exchange; records each launch."""
+    def run_paired(nps, *, batch_size=64, launcher="auto", env_extra=None, **kw):
+        assert "sync" not in kw
+        r = sum(1 for c in calls if c == (launcher, tuple(sorted(env_extra.items()))))
+        calls.append((launcher, tuple(sorted(env_extra.items()))))
+        frames = []
+        for sync in (True, False):
+            t = step_ms(launcher, env_extra, sync, r) / 1e3
+            ranks = [{"controller": launcher, "tuning": dict(env_extra), "thread_cpu_ms_per_step":
+                      {"training": 9.0, "horovod_background": 1.0 + sync + i}} for i in range(2)]
+            frames.append(pd.DataFrame([{"np": nps[0], "step_time_s": t, "cpu_step_time_s": 0.8 * t,
+                                         "in_sync": sync, "ranks": ranks}]))
+        return tuple(frames)
+    return run_paired
 
 
 def test_controller_cost_interleaves_the_settings_and_takes_medians(monkeypatch):
@@ -139,14 +172,15 @@ def test_controller_cost_interleaves_the_settings_and_takes_medians(monkeypatch)
     calls = []
     # no exchange 9 ms under Gloo, 10 under MPI; Gloo's exchange 14 ms; MPI's 10, 11 and then 30 ms (a busy spell)
     mpi = [10.0, 11.0, 30.0]
-    monkeypatch.setattr(scaling, "run", _fake_controller_run(
+    monkeypatch.setattr(scaling, "run", _no_separate_launch)
+    monkeypatch.setattr(scaling, "run_paired", _fake_controller_run(
         lambda launcher, env, sync, r: (9.0 if launcher == "gloo" else 10.0) if not sync
         else 14.0 if launcher == "gloo" else mpi[r], calls))
     settings = [("Gloo", "gloo", {}), ("MPI, tuned", "mpi", {"HOROVOD_CYCLE_TIME": "0.2"})]
     cost = localscale.controller_cost(64, settings=settings, rounds=3, steps=5)
     gloo, tuned = (), (("HOROVOD_CYCLE_TIME", "0.2"),)
-    # every round runs every setting, without and then with the exchange
-    assert calls == [("gloo", gloo, False), ("gloo", gloo, True), ("mpi", tuned, False), ("mpi", tuned, True)] * 3
+    # every round runs every setting, each in one launch with and without the exchange
+    assert calls == [("gloo", gloo), ("mpi", tuned)] * 3
     row = cost.set_index("label").loc["MPI, tuned"]
     assert row.horovod_step_ms == pytest.approx(11.0)  # the median of 10, 11, 30: the busy spell does not count
     assert row.vs_no_sync == pytest.approx(10 / 11)
@@ -167,6 +201,7 @@ def test_controller_cost_interleaves_the_settings_and_takes_medians(monkeypatch)
 ])
 def test_controller_cost_bad_input_names_the_parameter(kw, word, monkeypatch):
     monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch on bad input"))
+    monkeypatch.setattr(scaling, "run_paired", lambda *a, **k: pytest.fail("no launch on bad input"))
     with pytest.raises(ValueError, match=word):
         localscale.controller_cost(**kw)
 
@@ -174,6 +209,7 @@ def test_controller_cost_bad_input_names_the_parameter(kw, word, monkeypatch):
 def test_controller_cost_without_mpi_says_so_before_any_launch(monkeypatch):
     monkeypatch.setattr(localscale, "mpi_available", lambda: False)
     monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch without MPI"))
+    monkeypatch.setattr(scaling, "run_paired", lambda *a, **k: pytest.fail("no launch without MPI"))
     with pytest.raises(RuntimeError, match="Open MPI"):
         localscale.controller_cost(64)
 
@@ -207,6 +243,7 @@ def test_controller_results_round_trip(tmp_path, monkeypatch):
                                         (["--model", "nope"], "model")])
 def test_controller_cli_bad_input_says_which_before_any_launch(argv, word, monkeypatch, capsys):
     monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("no launch on bad input"))
+    monkeypatch.setattr(scaling, "run_paired", lambda *a, **k: pytest.fail("no launch on bad input"))
     assert localscale.main(argv + ["--out", "/nonexistent/x.json"]) == 2
     assert word in capsys.readouterr().err
 

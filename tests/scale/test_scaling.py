@@ -194,3 +194,57 @@ def test_cli_hands_hosts_and_one_thread_per_worker_to_the_launcher(monkeypatch, 
     printed = capsys.readouterr().out
     assert printed.startswith("data: an offline synthetic set") and "the ranks trained on: synthetic" in printed
     assert json.loads(out.read_text())["hosts"] == "node1:1,node2:1"
+
+
+def _paired_rank(rank, size, ips, free_ips, checksum, free_checksum):
+    """A `hvd_train --paired` rank result: the synced steps' fields, and the control's under "no_sync"."""
+    def timing(v):
+        return {"images_per_sec_repeats": v, "step_time_s": 8 / v[0], "cpu_step_time_s": 0.5,
+                "step_time_p10_s": 8 / max(v), "step_times_s": [8 / v[0]]}
+    return {**_fake_rank(rank, size, ips, checksum), **timing(ips), "paired": True,
+            "no_sync": {**timing(free_ips), "checksum": free_checksum, "checksums_after_block": [free_checksum]}}
+
+
+def _paired_launch(calls):
+    def fake_launch(n, args, **kw):
+        calls.append((n, list(args)))
+        free = [100.0 * 2, 100.0 * 2] if n == 2 else [100.0, 100.0]  # without the exchange: perfect scaling
+        return [_paired_rank(r, n, [90.0, 90.0] if n == 2 else [100.0, 100.0], free, "same", f"own{r}")
+                for r in range(n)]
+    return fake_launch
+
+
+def test_run_paired_takes_both_frames_from_one_launch_per_np(monkeypatch):
+    calls = []
+    monkeypatch.setattr(scaling, "launch", _paired_launch(calls))
+    with_exchange, without = scaling.run_paired([1, 2], progress=False)
+    assert [n for n, _ in calls] == [1, 2]  # one launch per worker count, not two
+    assert all("--paired" in a and "--no-sync" not in a for _, a in calls)
+    # np=2 with the exchange: 2 ranks x 90 images/s against 100 at np=1; without: 2 x 200 against 100
+    assert list(with_exchange.efficiency) == pytest.approx([1.0, 0.9])
+    assert list(without.efficiency) == pytest.approx([1.0, 2.0])
+    assert list(without.images_per_sec) == pytest.approx([100.0, 400.0])
+    assert with_exchange.in_sync.all() and not without.in_sync.iloc[1] and without.in_sync.iloc[0]
+    assert not without.sync.any() and with_exchange.sync.all()
+    assert without.ranks.iloc[1][1]["checksum"] == "own1" and "no_sync" not in without.ranks.iloc[1][1]
+    assert set(with_exchange.columns) == set(without.columns)  # run()'s format, both
+
+
+def test_run_paired_refuses_a_control_flag_in_extra(no_launch):
+    for flag in ("--no-sync", "--barrier"):
+        with pytest.raises(ValueError, match=f"extra must not hold {flag}"):
+            scaling.run_paired([2], extra=[flag])
+
+
+def test_cli_paired_prints_both_and_their_ratio(monkeypatch, capsys, tmp_path):
+    calls = []
+    monkeypatch.setattr(scaling, "launch", _paired_launch(calls))
+    out = tmp_path / "scale.json"
+    assert scaling.cli_main(["--np", "1,2", "--paired", "--json", str(out), "--quiet"]) == 0
+    assert len(calls) == 2
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("np=2"))
+    assert "efficiency 0.90" in line and "without the exchange" in line and "efficiency 2.00" in line
+    assert "ratio 0.45" in line and "checksums equal" in line
+    doc = json.loads(out.read_text())
+    assert doc["paired"] and [r["efficiency"] for r in doc["without_exchange"]] == pytest.approx([1.0, 2.0])
+    assert doc["all_in_sync"] and [r["in_sync"] for r in doc["without_exchange"]] == [True, False]
