@@ -54,6 +54,7 @@ def _unit(nodeid: str) -> str:
     return SERIAL_UNIT if path in SERIAL_FILES else path
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist) must still start
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
