@@ -18,12 +18,12 @@ from labkit.base import config
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "doctor": ("labkit.base.doctor", "check Python, TensorFlow, Horovod, GPUs, cores, memory, disk and data"),
+    "doctor": ("labkit.doctor", "check Python, TensorFlow, Horovod, GPUs, cores, memory, disk and data"),
     "data": ("labkit.data", "fetch or locate data sets (CIFAR-10) for offline compute nodes"),
     "flops": ("labkit.flops", "per-layer params, MACs and FLOPs of a named model"),
     "conv-bench": ("labkit.conv.bench", "time naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50 layers"),
     "scale": ("labkit.scale.scaling", "run Horovod data-parallel training for several worker counts"),
-    "fit-bench": ("labkit.scale.fitbench", "images/s of Keras model.fit with Horovod against labkit's custom loop"),
+    "fit-bench": ("labkit.exercises.fitbench", "images/s of Keras model.fit with Horovod against labkit's custom loop"),
     "sweep": ("labkit.sweep.networks", "train the MATLAB white paper's 16 networks in parallel worker processes"),
     "exercises": ("labkit.exercises.build", "list the exercises, or build the learner edition without solutions"),
 }

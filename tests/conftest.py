@@ -7,7 +7,7 @@ import pytest
 
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before any test imports TensorFlow)
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def pytest_configure(config):
 # test Slurm that starts on them. That unit is the longest, so it goes first (--no-loadscope-reorder keeps
 # this order) and is not the tail of the run.
 SERIAL_UNIT = "cluster"
-SERIAL_FILES = ("tests/course/test_full_smoke.py", "tests/course/test_slurm.py", "tests/scale/test_vcluster.py")
+SERIAL_FILES = ("tests/course/test_full_smoke.py", "tests/course/test_slurm.py", "tests/deepdive/test_vcluster.py")
 
 
 def _unit(nodeid: str) -> str:

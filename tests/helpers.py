@@ -1,4 +1,4 @@
-"""Helpers shared by the tests that start real servers (JupyterLab, Slurm)."""
+"""Helpers shared by the tests: real servers (JupyterLab, Slurm), and stand-ins for scaling's launches."""
 import contextlib
 import os
 import signal
@@ -12,6 +12,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# a child Python of the tests: this checkout first on its path, the quick profile, no debug tracebacks
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+       "LABKIT_PROFILE": "quick"}
+ENV.pop("LABKIT_DEBUG", None)
+
+
+def labkit_cli(*argv, env_extra=None, cwd=ROOT, timeout=300):
+    """`python -m labkit ARGV` as a user runs it; the finished process (stdout, stderr, returncode)."""
+    import sys
+    return subprocess.run([sys.executable, "-m", "labkit", *argv], capture_output=True, text=True, cwd=cwd,
+                          env={**ENV, **(env_extra or {})}, timeout=timeout)
 
 
 def free_port() -> int:
@@ -104,3 +117,37 @@ def running_lab(home: Path, token: str, env=None, timeout: float = 90, stdout=No
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+# scaling.run / run_paired stand-ins (tests/scale/test_localscale.py, tests/deepdive/test_exchange.py)
+def fake_run(step_ms):
+    """scaling.run stand-in: step_ms(np, sync, batch) -> step time; images/s from it, one row per np."""
+    import pandas as pd
+
+    from labkit.scale import scaling
+
+    def run(nps, *, sync=True, batch_size=64, extra=(), **kw):
+        rows = []
+        for n in nps:
+            # hvd_train --barrier: no gradient exchange, but a 4-byte allreduce per step
+            kind = "barrier" if "--barrier" in extra else "one_group" if "--num-groups" in extra else sync
+            t = step_ms(n, kind, batch_size) / 1e3
+            rows.append({"np": n, "batch_size": batch_size, "global_batch_size": n * batch_size,
+                         "images_per_sec": n * batch_size / t, "images_per_sec_std": 0.0, "step_time_s": t,
+                         "cpu_step_time_s": 0.9 * t, "in_sync": sync or n == 1, "ranks": [{}] * n})
+        return scaling.efficiency(pd.DataFrame(rows))
+    return run
+
+
+def fake_paired(run, calls=None):
+    """scaling.run_paired stand-in from a scaling.run stand-in: (with the exchange, without), one launch."""
+    def run_paired(nps, **kw):
+        assert "sync" not in kw and not {"--no-sync", "--barrier"} & set(kw.get("extra", ()))
+        if calls is not None:
+            calls.append(("paired", kw.get("batch_size", 64)))
+        return run(nps, sync=True, **kw), run(nps, sync=False, **kw)
+    return run_paired
+
+
+def no_separate_launch(*a, **k):
+    pytest.fail("the exchange and its control run in one launch (run_paired), not as two scaling.run launches")

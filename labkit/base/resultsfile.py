@@ -1,15 +1,12 @@
-"""Every file labkit writes, written one way; and the sweep's results file (JSON lines) on top of it.
+"""Every file labkit writes, written one way; and a lock for files that several processes update.
 
 The writer (git's and SQLite's discipline): a temporary file in the target's own folder, fsync, os.replace,
 fsync of the folder. A symlink is followed to its target (results kept on a shared drive through a link are
 updated there); a hard link is never written through (the directory entry is replaced, the other name keeps
 the old content); any failure (disk full, kill -9, an exception) leaves the previous file as it was.
 `replacing` / `replacing_path` are the two doors (an open file, or a path for a library that writes by name);
-write_text, write_json, write_notebook, merge_records are built on them. `check_space` reserves the bytes a
+write_text, write_json, write_notebook are built on them. `check_space` reserves the bytes a
 file will need before the compute starts, so a full disk is reported first, not after the run.
-
-Sweep records may carry the settings they were made with (epochs, data set, ...); settings_mismatch says what
-differs, so a resume never mixes results of two set-ups in one table. (05_network_sweep)
 """
 from __future__ import annotations
 
@@ -150,7 +147,7 @@ def check_space(path, nbytes: int, name: str = "path") -> None:
         os.unlink(tmp)
 
 
-# ----------------------------------------------------------------------------- many writers, one file
+# ----------------------------------------------------------------------------- many writers, one file (labkit.sweep.store)
 def lock_path(path) -> Path:
     """The lock file of a results file: a dot-file beside its target."""
     target = target_of(path)
@@ -184,95 +181,3 @@ def locked(path, timeout: float = LOCK_TIMEOUT_S):
         yield lock
     finally:
         os.close(fd)  # closing the descriptor releases the lock
-
-
-def merge_records(path, records, key: str = "key", timeout: float = LOCK_TIMEOUT_S) -> list[dict]:
-    """Add records to a JSON-lines file under its lock, keeping every record another process wrote since:
-    the file is re-read, a record with the same key replaced, new keys appended, the whole rewritten
-    atomically. Returns the file's records after the merge. (05_network_sweep)"""
-    with locked(path, timeout):
-        merged = {rec[key]: rec for rec in load_results(path)}
-        for rec in records:
-            merged[rec[key]] = rec
-        out = list(merged.values())
-        write_results(path, out)
-    return out
-
-
-# ----------------------------------------------------------------------------- the sweep's results file
-
-
-def load_results(path) -> list[dict]:
-    """Records in a results file (JSON lines); [] if it does not exist. (05_network_sweep)"""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"results file {path} line {lineno} is not JSON ({err}); fix or delete that line, "
-                             "or start over with resume=False / --overwrite") from None
-        if not isinstance(rec, dict) or "key" not in rec:
-            raise ValueError(f"results file {path} line {lineno} is not a sweep record (no 'key')")
-        records.append(rec)
-    return records
-
-
-def write_results(path, records) -> None:
-    """Write all records at once (JSON lines) through the atomic writer. (05_network_sweep)"""
-    path = Path(path)
-    target_of(path).parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in records))
-
-
-def check_writable(path) -> None:
-    """Raise ValueError naming `out` when the results file cannot be written there, or the disk has no room for
-    it (before any compute). (05_network_sweep)"""
-    path = Path(path)
-    target_of(path)  # a symlink loop is one line
-    if path.is_dir():
-        raise ValueError(f"out must be a file path; {path} is a directory")
-    for parent in path.parents:  # the nearest existing folder must be a folder
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"out: cannot write the results file {path} ({parent} is a file, not a folder)")
-            break
-    try:
-        target_of(path).parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"out: cannot write the results file {path} ({err.strerror or err})") from None
-    check_space(path, RESULTS_RESERVE_BYTES, "out")
-
-
-def settings_mismatch(records, settings: dict, path="the results file") -> str | None:
-    """Why these records cannot be resumed with `settings` (what differs, one line), or None when they can.
-    (05_network_sweep)"""
-    for rec in records:
-        old = rec.get("settings")
-        if old is None:
-            return f"{path} holds results without recorded settings (an older labkit), which cannot be checked"
-        if old != settings:
-            diff = "; ".join(f"{k}={old.get(k)!r} there, {settings.get(k)!r} now"
-                             for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k))
-            return f"{path} was made with other settings ({diff})"
-    return None
-
-
-
-def records_dataframe(records):
-    """Records as a pandas DataFrame: one row per config, config keys as columns, memory in KB. (05_network_sweep)"""
-    import pandas as pd
-
-    rows = []
-    for r in records:
-        row = {k: v for k, v in r.items() if k not in ("config", "settings", "traceback")}
-        row.update(r.get("config") or {})
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    if "memory_bytes" in df:
-        df["memory_kb"] = df["memory_bytes"] / 1e3
-    return df

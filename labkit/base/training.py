@@ -401,12 +401,12 @@ class Evaluation:
 
 def predict(model, x, batch_size=256) -> np.ndarray:
     """Class probabilities; uint8 images are normalised as make_dataset does, floats are used as given."""
-    from labkit import data
+    from labkit.base.pixels import normalize
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
     x = np.asarray(x)
-    x = data.normalize(x) if x.dtype == np.uint8 else x.astype(np.float32)
+    x = normalize(x) if x.dtype == np.uint8 else x.astype(np.float32)
     return model.predict(x, batch_size=batch_size, verbose=0)
 
 

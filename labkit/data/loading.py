@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from labkit.base import config
+from labkit.base.pixels import MEAN, STD, normalize  # noqa: F401  (labkit.data is where notebooks look for them)
 from labkit.data.cifar10 import (  # noqa: F401  (re-exported: labkit.data is where notebooks look for them)
     _ARCHIVE_NAMES, CIFAR10_ARCHIVE, CIFAR10_CLASSES, CIFAR10_DIRNAME, CIFAR10_FILES, CIFAR10_MD5, CIFAR10_URL,
     CorruptDataError, _candidate_dirs, _extract, _find_archive, _read_batches, cifar10_available, cifar10_problem,
@@ -25,10 +26,6 @@ from labkit.data.cifar10 import (  # noqa: F401  (re-exported: labkit.data is wh
 
 SYNTHETIC_CLASSES = ("disc", "ring", "square", "frame", "triangle", "plus", "cross", "h-stripes",
                      "v-stripes", "checker")
-# Per-channel mean and std of CIFAR-10's training images (pixels scaled to [0, 1]); make_dataset normalises
-# with these whatever the data, so train and test sets always get the same transform.
-MEAN = (0.4914, 0.4822, 0.4465)
-STD = (0.2470, 0.2435, 0.2616)
 
 
 class DatasetInfo(dict):
@@ -173,14 +170,6 @@ def load_dataset(name=None, *, n_train=None, n_test=None, data_dir=None, seed=0,
 
 # ---------------------------------------------------------------------------------------------------------
 # tf.data pipeline
-
-
-def normalize(x):
-    """uint8 images -> float32, scaled to [0, 1] then standardised per channel with MEAN and STD."""
-    x = np.asarray(x)
-    if x.dtype != np.uint8:
-        raise ValueError(f"x must be uint8 images (raw pixels); got dtype {x.dtype}")
-    return ((x.astype(np.float32) / 255.0 - np.float32(MEAN)) / np.float32(STD)).astype(np.float32)
 
 
 def augment_batch(x, seed):

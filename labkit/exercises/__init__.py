@@ -4,6 +4,7 @@
     check_code  the checkers of exercises whose answer is code: run on inputs they make, against an oracle
     check_hvd   04's checker: the learner's Horovod script run on 2 workers, one line on what is wrong
     hvd_harness what each rank of a checked script did (run by horovodrun; imported by nothing)
+    fitbench    `labkit fit-bench`: model.fit with Horovod's callbacks against the custom loop, through hvd_harness
     verdict     the machinery the checkers share: Spec, Verdict, the registry
     build       `labkit exercises list | build DIR`: the learner edition without solutions
     schedule    the learner's minutes per notebook and the workshop schedules they must fit

@@ -19,7 +19,7 @@ Gloo rendezvous after hvd.shutdown() races: a rank may dial its peer's old port)
 hvd.init() is only caught before the first script that calls it ("horovod_up_before" says which case it is).
 rank{R}.json holds {"scripts": [record, ...]}.
 
-`--timing` records instead per-step wall times of model.fit (labkit.scale.fitbench), with no other patch.
+`--timing` records instead per-step wall times of model.fit (labkit.exercises.fitbench), with no other patch.
 `--script S --with=A,B,C` gives S its own arguments (`{workdir}` is its folder); a script run with `--out D`
 (labkit.scale.hvd_train) has its D/rank{R}.json kept in its record as "result": fit and the custom loop can then
 alternate in one launch, in the same processes.

@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from labkit.base.horovod import horovodrun_path
+from labkit.scale.horovod import horovodrun_path
 
 WORKER = "labkit.scale.hvd_train"  # the module every rank runs unless a launch names another
 MARKER_ENV = "LABKIT_RUN_ID"  # every process of one launch carries this, so none can escape the cleanup
@@ -134,7 +134,7 @@ def choose_launcher(launcher: str = "auto", hosts=None, env=None, env_extra=None
     runs on this machine; else "gloo" (horovodrun), over the hosts or the Slurm allocation. An explicit
     launcher stays as given, with no settings. note: one line saying which controller, with which
     settings, and how to choose another."""
-    from labkit.base import mpi
+    from labkit.scale import mpi
     if launcher not in ("auto", "gloo", "mpi", "srun"):
         raise ValueError(f"launcher must be 'auto', 'gloo', 'mpi' or 'srun'; got {launcher!r}")
     env = os.environ if env is None else env
@@ -198,7 +198,7 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
             raise ValueError("hosts cannot be given with launcher='srun': srun starts the ranks on its allocation")
         return ["srun", "--ntasks", str(np_), "--kill-on-bad-exit=1", *worker]
     if launcher == "mpi":
-        from labkit.base import mpi
+        from labkit.scale import mpi
         exe = mpi.mpirun_path()
         if exe is None:
             raise FileNotFoundError("mpirun not found: Horovod's MPI controller needs the mpirun of the Open MPI "
@@ -505,3 +505,29 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--watchdog"]:
     _watchdog_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "")
+
+
+# the virtual cluster of scripts/vcluster.sh (07_scaling_deep_dive): its nodes are network namespaces
+NODE_PREFIX = "labkit-node"
+
+
+def launch_problem(hosts, netns_dir: Path = Path("/run/netns"), own_netns: str = "/proc/self/ns/net") -> str | None:
+    """Why a launch over hosts cannot work from here, or None: hosts naming nodes of the virtual cluster
+    (labkit-nodeK, up as network namespaces) reached from outside them. The nodes' names resolve on the host
+    too, but Gloo's rendezvous server would listen where the nodes cannot reach it, so horovodrun would end
+    in "HTTP request failed"; a launch must start on a node. Detected by comparing this process's network
+    namespace with the nodes' (their files in netns_dir are bind mounts of the namespaces)."""
+    names = [entry.rpartition(":")[0] for entry in parse_hosts(hosts)]
+    nodes = [n for n in names if re.fullmatch(rf"{NODE_PREFIX}\d+", n) and (netns_dir / n).exists()]
+    if not nodes:
+        return None
+    try:
+        here = os.stat(own_netns)
+        node_ns = {(st.st_dev, st.st_ino) for st in (os.stat(p) for p in netns_dir.glob(f"{NODE_PREFIX}*"))}
+    except OSError:
+        return None  # cannot tell: let the launch speak for itself
+    if (here.st_dev, here.st_ino) in node_ns:
+        return None
+    return (f"{', '.join(nodes)} are nodes of the virtual cluster and this process runs on the host, outside "
+            "them: Gloo's rendezvous would be unreachable from the nodes. Launch from a node: "
+            f"scripts/vcluster.sh exec {nodes[0]} {sys.executable} -m labkit scale ...")

@@ -1,15 +1,9 @@
-"""Scaling on one machine, taken apart (04_horovod_scaling, 07_scaling_deep_dive): where data-parallel
-efficiency goes when every worker owns one core of the same chip.
+"""Scaling on one machine, taken apart (04_horovod_scaling): where data-parallel efficiency goes when every
+worker owns one core of the same chip.
 
-`decompose()` measures, in one run and for 1 .. cores workers: the machine's own limit (labkit.scale.probe's
-single-thread GEMM processes), the training workers without gradient exchange and with Horovod's exchange
-(both in the same launch: scaling.run_paired). `exchange_cost()` measures what the exchange adds to each
-step at several batch sizes, beside a barrier that only makes the workers step together, Horovod sending the gradients as one group and
-TensorFlow's own MultiWorkerMirroredStrategy, with the CPU time per step of each: on two busy cores the
-exchange costs the CPU time of Horovod's own threads, which the computing threads then lack, not bandwidth.
-`controller_cost()` measures the exchange under Gloo and under MPI with Open MPI's settings, each beside
-its own exchange-free steps in the same launch (`python -m labkit.scale.localscale` writes it to
-notebooks/results/controllers.json).
+`decompose()`: the machine's own limit (labkit.scale.probe), the workers without and with Horovod's exchange
+(one launch each: scaling.run_paired). `controller_cost()`: the exchange under Gloo and under MPI, each beside
+its own exchange-free steps (`python -m labkit.scale.localscale` writes notebooks/results/controllers.json).
 """
 from __future__ import annotations
 
@@ -93,82 +87,6 @@ def plot_decomposition(table, ax=None, title=None):
     return ax
 
 
-def _comm_threads(name, launch) -> dict:
-    """{name_gloo_cpu_ms, name_hvd_thread_cpu_ms}: the workers' mean CPU ms per step of Gloo's network threads
-    and Horovod's background thread, from hvd_train's per-thread report; {} when a worker has none."""
-    per_rank = [r.get("thread_cpu_ms_per_step") or {} for r in launch.get("ranks") or []]
-    if not per_rank or not all("gloo_network" in r for r in per_rank):  # no report, or no split (no /proc, no wchan)
-        return {}
-    mean = lambda role: sum(r[role] for r in per_rank) / len(per_rank)  # noqa: E731
-    return {f"{name}_gloo_cpu_ms": mean("gloo_network"), f"{name}_hvd_thread_cpu_ms": mean("horovod_background")}
-
-
-EXCHANGE_VARIANTS = ("barrier", "one_group", "tf_distribute")
-
-
-def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **run_kw):
-    """Per batch size: np_ workers (one thread each) without exchange and with Horovod's gradient exchange,
-    in alternating blocks of one launch (scaling.run_paired), plus one launch per name in variants:
-
-    * "barrier": no gradients cross, but every step ends with a 4-byte allreduce issued after the update
-      (hvd_train --no-sync --barrier): what stepping together costs, the wait for the slower worker included;
-    * "one_group": Horovod with the gradients sent as one group once backprop is done
-      (DistributedGradientTape(num_groups=1)) instead of tensor by tensor as they are produced;
-    * "tf_distribute": the same model and batch under TensorFlow's MultiWorkerMirroredStrategy on this
-      machine (labkit.scale.tfdist_train.run_local), TensorFlow's own collective allreduce.
-
-    The workers train on one fixed batch of random images unless run_kw says otherwise (data=...), as
-    tf.distribute's always do: the input pipeline stays out of the comparison. Returns one row per batch:
-    step times in ms (median over ranks and steps), what each adds to the step without exchange (X_ms), CPU
-    milliseconds per step of one worker's process (X_cpu_ms, all its threads: time on a core, not waiting
-    for one), the share of the exchange-free speed each keeps (X_vs_no_sync = step time without exchange /
-    with) and whether the workers' weights ended equal. Where the workers report their threads' CPU time
-    (Linux), the Horovod launches add X_gloo_cpu_ms and X_hvd_thread_cpu_ms: milliseconds per step of Gloo's
-    network threads and of Horovod's background thread, the mean of the workers (hvd_train's
-    thread_cpu_ms_per_step)."""
-    import pandas as pd
-    batches = [batches] if isinstance(batches, int) else list(batches)
-    if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
-        raise ValueError(f"batches must be a positive int or a list of them; got {batches!r}")
-    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
-        raise ValueError(f"np_ must be an int >= 2 (an exchange needs two workers); got {np_!r}")
-    variants = [variants] if isinstance(variants, str) else list(variants)
-    bad = [v for v in variants if v not in EXCHANGE_VARIANTS]
-    if bad:
-        raise ValueError(f"variants must be names from {EXCHANGE_VARIANTS}; got {bad[0]!r}")
-    run_kw = {"data": "random", **run_kw, "threads": 1}
-    extra = tuple(run_kw.pop("extra", ()))
-    launches = {"barrier": dict(sync=False, extra=extra + ("--barrier",)),
-                "one_group": dict(sync=True, extra=extra + ("--num-groups", "1"))}
-    rows = []
-    for b in batches:
-        hvd, free = (df.iloc[0] for df in scaling.run_paired([np_], batch_size=b, progress=progress, extra=extra,
-                                                             **run_kw))
-        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"],
-               **_comm_threads("no_sync", free)}
-        for name in ["horovod", *variants]:
-            if name == "tf_distribute":
-                from labkit.scale import tfdist_train
-                workers = tfdist_train.run_local(np_, model=run_kw.get("model", scaling.DEFAULT_MODEL), batch_size=b,
-                                                 steps=run_kw.get("steps", 20) * run_kw.get("repeats", 3),
-                                                 timeout=run_kw.get("timeout", 300))
-                step = max(w["median_step_s"] for w in workers)
-                cpu = float(sorted(w["cpu_step_time_s"] for w in workers)[len(workers) // 2])
-                in_sync = len({w["checksum_trainable"] for w in workers}) == 1
-            else:
-                r = hvd if name == "horovod" else scaling.run([np_], batch_size=b, progress=progress,
-                                                              **launches[name], **run_kw).iloc[0]
-                step, cpu, in_sync = r["step_time_s"], r["cpu_step_time_s"], bool(r["in_sync"])
-                row.update(_comm_threads(name, r))
-            row.update({f"{name}_step_ms": 1e3 * step, f"{name}_ms": 1e3 * step - row["no_sync_step_ms"],
-                        f"{name}_cpu_ms": 1e3 * cpu, f"{name}_vs_no_sync": row["no_sync_step_ms"] / (1e3 * step)})
-            if name != "barrier":  # the barrier's workers drift apart by design: nothing to compare
-                row[f"{name}_in_sync"] = in_sync
-        row["exchange_ms"] = row["horovod_ms"]
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 # Horovod's exchange on one machine under each controller: (label, launcher, the launch's environment).
 # Open MPI's blocking calls poll for the other worker by default; mpi_yield_when_idle=1 (what Open MPI
 # itself picks when it knows a node is oversubscribed) gives the core away between polls.
@@ -182,8 +100,8 @@ CONTROLLERS = (
 
 
 def mpi_available() -> bool:
-    """True where Horovod was built with the MPI controller and the mpirun of its MPI is found (labkit.base.mpi)."""
-    from labkit.base import mpi
+    """True where Horovod was built with the MPI controller and the mpirun of its MPI is found (labkit.scale.mpi)."""
+    from labkit.scale import mpi
     return mpi.horovod_has_mpi() and mpi.mpirun_path() is not None
 
 
@@ -270,8 +188,8 @@ def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress
 
 
 def open_mpi_version() -> str:
-    """'Open MPI 5.0.11' from the `mpirun --version` of the MPI Horovod links (labkit.base.mpi), '' where there is none."""
-    from labkit.base import mpi
+    """'Open MPI 5.0.11' from the `mpirun --version` of the MPI Horovod links (labkit.scale.mpi), '' where there is none."""
+    from labkit.scale import mpi
     exe = mpi.mpirun_path()
     return mpi.version(exe) if exe else ""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, take_slots
+from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, launch_problem, take_slots
 
 DEFAULT_MODEL = "small_cnn"
 
@@ -402,8 +402,7 @@ def _check_args(a) -> None:
     check_model(a.model, "--model")
     check_cores(a.np, a.hosts, a.oversubscribe)
     if a.hosts is not None:
-        from labkit.scale import vcluster
-        problem = vcluster.launch_problem(a.hosts)
+        problem = launch_problem(a.hosts)
         if problem:
             raise ValueError(f"--hosts: {problem}")
     for n in a.np:  # every launch must fit; under strong scaling a rank's batch shrinks with n

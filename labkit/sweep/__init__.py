@@ -1,28 +1,36 @@
 """The network sweep: 16 CIFAR-10 networks trained in parallel workers, and the Pareto front (05_network_sweep).
 
     runner      train many configs in parallel worker processes, save each result as it lands, resume (API)
+    store       the results file: JSON lines, one record per config, merged under a lock, settings checked
     networks    the MATLAB white paper's 16 networks: configs, parameter counts, the trainer, `labkit sweep`
     workerpool  spawned workers with a thread budget each, dying with the process that started them
 
 Uses labkit.flops (03) for the networks' MACs.
 """
-from labkit.sweep.runner import (  # noqa: F401  (the package's API)
+from labkit.sweep.runner import (
+    SweepRun,
+    config_key,
+    config_name,
+    kill_pool,
+    measure_speedup,
+    new_pool,
+    pareto_front,
+    plot_speedup,
+    raise_interrupt,
+    run_config,
+    run_sweep,
+)
+from labkit.sweep.store import (
     check_writable,
     load_results,
-    locked,
     merge_records,
     records_dataframe,
     settings_mismatch,
     write_results,
-    kill_pool,
-    new_pool,
-    raise_interrupt,
-    config_key,
-    config_name,
-    pareto_front,
-    run_config,
-    SweepRun,
-    run_sweep,
-    measure_speedup,
-    plot_speedup,
 )
+
+__all__ = sorted([
+    "SweepRun", "check_writable", "config_key", "config_name", "kill_pool", "load_results", "measure_speedup",
+    "merge_records", "new_pool", "pareto_front", "plot_speedup", "raise_interrupt", "records_dataframe",
+    "run_config", "run_sweep", "settings_mismatch", "write_results",
+])

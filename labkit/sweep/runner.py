@@ -32,8 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from labkit.base import machine
-from labkit.base.resultsfile import (check_writable, load_results, locked, merge_records,  # noqa: F401
-                                records_dataframe, settings_mismatch, write_results)
+from labkit.base.resultsfile import locked
+from labkit.sweep.store import (check_writable, load_results, merge_records, records_dataframe,
+                                settings_mismatch, write_results)
 from labkit.sweep.workerpool import kill_pool, new_pool, raise_interrupt
 
 _RUNNER_KEYS = ("key", "name", "config", "settings", "status", "error", "accuracy", "memory_bytes",

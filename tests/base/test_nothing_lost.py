@@ -24,11 +24,10 @@ from pathlib import Path
 import pytest
 
 from labkit.base import resultsfile
+from labkit.sweep import store
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-       "LABKIT_PROFILE": "quick"}
-ENV.pop("LABKIT_DEBUG", None)
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+from helpers import ENV, labkit_cli  # noqa: E402
 
 
 def sha(path) -> str:
@@ -60,11 +59,6 @@ def fill(folder: Path) -> None:
         except OSError as err:
             assert err.errno == errno.ENOSPC
     assert os.statvfs(folder).f_bavail == 0
-
-
-def labkit_cli(*argv, env_extra=None, cwd=ROOT, timeout=300):
-    return subprocess.run([sys.executable, "-m", "labkit", *argv], capture_output=True, text=True, cwd=cwd,
-                          env={**ENV, **(env_extra or {})}, timeout=timeout)
 
 
 def one_line(proc, *words, code=2):
@@ -410,10 +404,10 @@ def test_build_on_a_full_disk_keeps_the_previous_edition_whole(tmp_path):
 # ================================================================ two sweeps at once
 _MERGER = """
 import sys
-from labkit.base import resultsfile
+from labkit.sweep import store
 out, who = sys.argv[1], sys.argv[2]
 for i in range(40):
-    resultsfile.merge_records(out, [{"key": f"{who}-{i}", "by": who}])
+    store.merge_records(out, [{"key": f"{who}-{i}", "by": who}])
 """
 
 
@@ -421,7 +415,7 @@ def test_two_processes_merging_into_one_results_file_keep_every_record(tmp_path)
     out = tmp_path / "sweep.jsonl"
     procs = [subprocess.Popen([sys.executable, "-c", _MERGER, str(out), who], env=ENV) for who in ("a", "b")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    keys = sorted(r["key"] for r in resultsfile.load_results(out))
+    keys = sorted(r["key"] for r in store.load_results(out))
     assert keys == sorted(f"{who}-{i}" for who in "ab" for i in range(40))
 
 
@@ -440,11 +434,11 @@ def test_a_writer_that_waits_too_long_names_the_holders_pid(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(TimeoutError, match=rf"pid {holder.pid}\b"):
-            resultsfile.merge_records(out, [{"key": "x"}], timeout=0.5)
+            store.merge_records(out, [{"key": "x"}], timeout=0.5)
     finally:
         holder.kill()
         holder.wait()
-    assert resultsfile.merge_records(out, [{"key": "x"}], timeout=5) == [{"key": "x"}]  # released with its holder
+    assert store.merge_records(out, [{"key": "x"}], timeout=5) == [{"key": "x"}]  # released with its holder
 
 
 _TOY = """
@@ -476,15 +470,15 @@ def test_two_sweeps_on_the_same_out_keep_all_four_records(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(tmp_path / "sweep_main.py"), str(out), str(first)], env=env,
                               cwd=tmp_path) for first in (0, 10)]
     assert [p.wait(timeout=240) for p in procs] == [0, 0]
-    assert sorted(r["config"]["i"] for r in resultsfile.load_results(out)) == [0, 1, 10, 11]
+    assert sorted(r["config"]["i"] for r in store.load_results(out)) == [0, 1, 10, 11]
 
 
 def test_the_sweep_command_writes_through_run_sweep_and_merge_records(monkeypatch, tmp_path):
-    """`labkit sweep` lands each result with resultsfile.merge_records (the layer tested above with two processes)."""
+    """`labkit sweep` lands each result with store.merge_records (the layer tested above with two processes)."""
     from labkit.sweep import networks as netsweep, runner as sweep
     calls = []
     monkeypatch.setattr(sweep, "merge_records", lambda out, recs: calls.append(recs) or
-                        resultsfile.merge_records(out, recs))
+                        store.merge_records(out, recs))
     monkeypatch.setattr(netsweep.NetworkTrainer, "__call__", lambda self, cfg: {"accuracy": 0.1, "memory_bytes": 4})
     monkeypatch.setattr(netsweep.NetworkTrainer, "prepare", lambda self: None)
     monkeypatch.setattr(sweep, "new_pool", lambda k, threads, tf: _InlinePool())
@@ -603,23 +597,23 @@ def _netns(path: Path):
 def test_vcluster_hosts_from_the_host_are_refused_and_allowed_from_a_node(tmp_path, monkeypatch, capsys):
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
-    from labkit.scale import scaling, vcluster
+    from labkit.scale import launch, scaling
     netns = tmp_path / "netns"
     netns.mkdir()
     node = netns / "labkit-node1"
     _netns(node)
     try:
-        problem = vcluster.launch_problem("labkit-node1:1,labkit-node2:1", netns_dir=netns)
+        problem = launch.launch_problem("labkit-node1:1,labkit-node2:1", netns_dir=netns)
         assert problem and "scripts/vcluster.sh exec labkit-node1" in problem
         inside = subprocess.run(
             ["nsenter", f"--net={node}", sys.executable, "-c",
-             ("import sys; from pathlib import Path; from labkit.scale import vcluster; "
-              "print(vcluster.launch_problem('labkit-node1:1', netns_dir=Path(sys.argv[1])))"), str(netns)],
+             ("import sys; from pathlib import Path; from labkit.scale import launch; "
+              "print(launch.launch_problem('labkit-node1:1', netns_dir=Path(sys.argv[1])))"), str(netns)],
             capture_output=True, text=True, env=ENV, timeout=120)
         assert inside.returncode == 0 and inside.stdout.strip() == "None", inside.stderr
-        assert vcluster.launch_problem("otherhost:1", netns_dir=netns) is None
-        real = vcluster.launch_problem
-        monkeypatch.setattr(vcluster, "launch_problem", lambda hosts: real(hosts, netns_dir=netns))
+        assert launch.launch_problem("otherhost:1", netns_dir=netns) is None
+        real = launch.launch_problem
+        monkeypatch.setattr(scaling, "launch_problem", lambda hosts: real(hosts, netns_dir=netns))
         monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("launched from the host"))
         with pytest.raises(SystemExit) as e:
             scaling.cli_main(["--np", "2", "--hosts", "labkit-node1:1,labkit-node2:1"])

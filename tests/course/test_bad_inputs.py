@@ -17,7 +17,7 @@ import pytest
 
 import labkit  # noqa: F401  (quiet TensorFlow before anything imports it)
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT, labkit_cli  # noqa: E402
 
 
 def refuses(fn, word: str, *args, **kwargs):
@@ -26,13 +26,6 @@ def refuses(fn, word: str, *args, **kwargs):
         fn(*args, **kwargs)
     assert word in str(err.value), f"the message does not name {word!r}: {err.value}"
     return err.value
-
-
-def labkit_cli(*argv, env_extra=None, timeout=240):
-    env = {**os.environ, "LABKIT_PROFILE": "quick", **(env_extra or {})}
-    env.pop("LABKIT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "labkit", *argv], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
 
 
 def assert_clear_cli(proc, word: str):
@@ -53,7 +46,7 @@ def unwritable(tmp_path) -> Path:
 
 @pytest.fixture
 def fake_launchers(tmp_path):
-    """LABKIT_HOROVODRUN and LABKIT_MPIRUN (labkit.base.horovod / labkit.base.mpi's overrides) pointing at scripts
+    """LABKIT_HOROVODRUN and LABKIT_MPIRUN (labkit.scale.horovod / labkit.scale.mpi's overrides) pointing at scripts
     that write their name and arguments into a marker file when run, then exit 1: a launch on either path
     (horovodrun --gloo, or mpirun, the default on one machine where Horovod has MPI) leaves the marker.
     `mpirun --version` (how labkit names the MPI) answers as Open MPI does and starts nothing."""
@@ -71,7 +64,7 @@ def fake_launchers(tmp_path):
 @pytest.mark.parametrize("launcher", ["auto", "gloo"])
 def test_the_fake_launchers_stand_where_a_launch_looks(fake_launchers, launcher):
     """Good input does reach a fake: the markers below can tell a launch on either path."""
-    from labkit.base import mpi
+    from labkit.scale import mpi
 
     env, marker = fake_launchers
     proc = labkit_cli("scale", "--np", "1", "--steps", "1", "--launcher", launcher, env_extra=env)
@@ -158,10 +151,7 @@ def test_training_flops_negative_images():
 
 
 def _allreduce():
-    try:
-        from labkit.scale import allreduce
-    except ImportError:
-        from labkit.scale import scaling as allreduce
+    from labkit.scale import allreduce
     return allreduce
 
 
@@ -174,10 +164,7 @@ def test_fit_alpha_beta_on_zero_times():
 
 
 def _netsweep():
-    try:
-        from labkit.sweep import networks as netsweep
-    except ImportError:
-        from labkit.sweep import runner as netsweep
+    from labkit.sweep import networks as netsweep
     return netsweep
 
 
@@ -214,10 +201,7 @@ def test_predict_batch_size_zero():
 
 
 def test_take_slots_non_numeric_slots():
-    try:
-        from labkit.scale.launch import take_slots
-    except ImportError:
-        from labkit.scale.scaling import take_slots
+    from labkit.scale.launch import take_slots
     refuses(take_slots, "a:x", ["a:x"], 1)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
 N_TRAIN, N_TEST = 1200, 600  # at least the smoke sizes (labkit.data.default_sizes: 1000 / 500)
 TIMES: dict[str, float] = {}

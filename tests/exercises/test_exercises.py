@@ -19,7 +19,7 @@ from labkit.exercises import build as exercises
 from labkit.exercises.build import BEGIN, END, PLACEHOLDER, ExerciseFormatError
 from labkit.exercises.verdict import NOT_ANSWERED
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 COURSE = sorted((ROOT / "notebooks").glob("0[1-6]_*.ipynb"))
 
 

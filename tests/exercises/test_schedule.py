@@ -8,7 +8,7 @@ import pytest
 from labkit.exercises import build as exercises
 from labkit.exercises import schedule
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
 # counted by hand: Reading time One two three four five six <code> a b nine
 TWELVE = ("# Reading time\n\nOne two three *four* [five](https://example.org/a/b).\n\n```python\nnot counted at all\n"

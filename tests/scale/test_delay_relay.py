@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 sys.path.insert(0, str(ROOT / "scripts"))
 import delay_relay  # noqa: E402
 

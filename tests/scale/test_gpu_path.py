@@ -15,7 +15,7 @@ import pytest
 import labkit  # noqa: F401  (sets TF's log level before TensorFlow loads)
 from labkit.scale import gpu
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
 
 # ------------------------------------------------------------------ rank -> GPU pinning

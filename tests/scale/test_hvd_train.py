@@ -10,7 +10,7 @@ import pytest
 
 from labkit.scale import hvd_train as ht
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
 
 def test_no_labkit_module_imports_hvd_train():

@@ -323,7 +323,7 @@ for r in range(n):
 @pytest.fixture
 def fake_mpirun(tmp_path, monkeypatch):
     """A fake mpirun (LABKIT_MPIRUN) and a Horovod that says it has MPI; returns the log of its last run."""
-    from labkit.base import mpi
+    from labkit.scale import mpi
     exe = tmp_path / "mpirun"
     exe.write_text(FAKE_MPIRUN.format(python=sys.executable))
     exe.chmod(0o755)
@@ -377,7 +377,7 @@ def test_launch_through_mpirun_passes_names_and_the_tuned_settings(fake_mpirun, 
 
 
 def test_default_launcher_follows_the_build_and_the_hosts(monkeypatch):
-    from labkit.base import mpi
+    from labkit.scale import mpi
     for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(mpi, "describe", lambda: "Open MPI 5.0.11 from PyPI in this environment")
@@ -417,7 +417,7 @@ def test_open_mpi_failure_lines_name_the_rank():
 def test_two_ranks_in_sync_through_the_default_launcher(tmp_path, monkeypatch, capsys):
     """Where Horovod has MPI, the default launch is mpirun with the tuned settings: the ranks say so, and
     their weights end equal."""
-    from labkit.base import mpi
+    from labkit.scale import mpi
     if not mpi.horovod_has_mpi() or mpi.mpirun_path() is None:
         pytest.skip(f"Horovod here has no MPI ({mpi.describe()})")
     for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID", "LABKIT_MPIRUN"):
@@ -468,7 +468,7 @@ def test_real_mpirun_gives_each_bound_rank_its_own_core(monkeypatch):
     """The flags do what they say with the mpirun Horovod links: two ranks, one distinct core each."""
     import os
     import subprocess
-    from labkit.base import mpi
+    from labkit.scale import mpi
     exe = mpi.mpirun_path()
     if exe is None:
         pytest.skip("no mpirun for Horovod's MPI here")

@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from labkit.scale import localscale, probe, scaling
+from helpers import fake_paired, fake_run, no_separate_launch
 
 
 def test_gemm_probe_one_process_counts_real_flops():
@@ -28,40 +29,11 @@ def test_probe_bad_input_names_the_parameter(kw, word):
         probe.gemm_rates(**kw)
 
 
-def _fake_run(step_ms):
-    """scaling.run stand-in: step_ms(np, sync, batch) -> step time; images/s from it, one row per np."""
-    def run(nps, *, sync=True, batch_size=64, extra=(), **kw):
-        rows = []
-        for n in nps:
-            # hvd_train --barrier: no gradient exchange, but a 4-byte allreduce per step
-            kind = "barrier" if "--barrier" in extra else "one_group" if "--num-groups" in extra else sync
-            t = step_ms(n, kind, batch_size) / 1e3
-            rows.append({"np": n, "batch_size": batch_size, "global_batch_size": n * batch_size,
-                         "images_per_sec": n * batch_size / t, "images_per_sec_std": 0.0, "step_time_s": t,
-                         "cpu_step_time_s": 0.9 * t, "in_sync": sync or n == 1, "ranks": [{}] * n})
-        return scaling.efficiency(pd.DataFrame(rows))
-    return run
-
-
-def _fake_paired(run, calls=None):
-    """scaling.run_paired stand-in from a scaling.run stand-in: (with the exchange, without), one launch."""
-    def run_paired(nps, **kw):
-        assert "sync" not in kw and not {"--no-sync", "--barrier"} & set(kw.get("extra", ()))
-        if calls is not None:
-            calls.append(("paired", kw.get("batch_size", 64)))
-        return run(nps, sync=True, **kw), run(nps, sync=False, **kw)
-    return run_paired
-
-
-def _no_separate_launch(*a, **k):
-    pytest.fail("the exchange and its control run in one launch (run_paired), not as two scaling.run launches")
-
-
 def test_decompose_takes_the_three_curves_apart(monkeypatch):
     # compute 10 ms alone, 12 ms when two share the chip; the exchange adds 5 ms; GEMMs keep 0.95
-    monkeypatch.setattr(scaling, "run", _no_separate_launch)
-    monkeypatch.setattr(scaling, "run_paired", _fake_paired(
-        _fake_run(lambda n, sync, b: (10 if n == 1 else 12) + (5 if sync and n > 1 else 0))))
+    monkeypatch.setattr(scaling, "run", no_separate_launch)
+    monkeypatch.setattr(scaling, "run_paired", fake_paired(
+        fake_run(lambda n, sync, b: (10 if n == 1 else 12) + (5 if sync and n > 1 else 0))))
     monkeypatch.setattr(probe, "gemm_probe", lambda n, seconds, base=None: {
         "gflops_total": 100.0 * n * (1 if n == 1 else 0.95), "speedup": n * (1 if n == 1 else 0.95),
         "efficiency": 1 if n == 1 else 0.95})
@@ -74,79 +46,13 @@ def test_decompose_takes_the_three_curves_apart(monkeypatch):
     assert bool(row.in_sync) and not free.set_index("np").loc[2, "in_sync"]
 
 
-def test_exchange_cost_is_the_step_time_difference(monkeypatch):
-    # compute b/6.4 ms; the barrier alone adds 1 ms, the gradients 6 ms, as one group 3 ms; tf.distribute 2 ms
-    extra = {False: 0, "barrier": 1, True: 6, "one_group": 3}
-    fake, launches = _fake_run(lambda n, sync, b: b / 6.4 + extra[sync]), []
-
-    def run(nps, *, extra=(), batch_size=64, **kw):  # the variants alone are launches of their own
-        assert "--barrier" in extra or "--num-groups" in extra, extra
-        launches.append(("run", batch_size))
-        return fake(nps, extra=extra, batch_size=batch_size, **kw)
-    monkeypatch.setattr(scaling, "run", run)
-    monkeypatch.setattr(scaling, "run_paired", _fake_paired(fake, launches))
-    calls = []
-
-    def fake_tfdist(np_, *, model, batch_size, steps, timeout):
-        calls.append((np_, model, batch_size, steps))
-        return [{"median_step_s": (batch_size / 6.4 + 2 + i) / 1e3, "cpu_step_time_s": 0.5e-3 * (i + 1),
-                 "checksum_trainable": "same"} for i in range(np_)]
-    from labkit.scale import tfdist_train
-    monkeypatch.setattr(tfdist_train, "run_local", fake_tfdist)
-    cost = localscale.exchange_cost([64, 256], variants=localscale.EXCHANGE_VARIANTS, steps=5, repeats=2)
-    assert cost.exchange_ms.tolist() == pytest.approx([6, 6])
-    assert cost.horovod_ms.tolist() == pytest.approx([6, 6])
-    assert cost.barrier_ms.tolist() == pytest.approx([1, 1])
-    assert cost.one_group_ms.tolist() == pytest.approx([3, 3])
-    assert cost.tf_distribute_ms.tolist() == pytest.approx([3, 3])  # a synchronous step waits for the slower worker
-    assert cost.tf_distribute_cpu_ms.tolist() == pytest.approx([1.0, 1.0])  # the median of the two workers' (2 of them)
-    assert cost.horovod_cpu_ms.tolist() == pytest.approx([0.9 * 16, 0.9 * 46])
-    assert cost.horovod_vs_no_sync.tolist() == pytest.approx([10 / 16, 40 / 46])
-    assert cost.one_group_vs_no_sync.tolist() == pytest.approx([10 / 13, 40 / 43])
-    assert cost.tf_distribute_in_sync.all() and cost.horovod_in_sync.all() and "barrier_in_sync" not in cost
-    assert calls == [(2, "small_cnn", 64, 10), (2, "small_cnn", 256, 10)]  # as many timed steps as Horovod's
-    # per batch: one paired launch (with and without the exchange) and one per Horovod variant
-    assert launches == [("paired", 64), ("run", 64), ("run", 64), ("paired", 256), ("run", 256), ("run", 256)]
-    assert "vs_best_no_sync" not in cost  # one setting at several batches: no fastest baseline to compare
-    launches.clear()
-    plain = localscale.exchange_cost([64])
-    assert "barrier_ms" not in plain.columns and "tf_distribute_ms" not in plain.columns
-    assert launches == [("paired", 64)]  # one launch by default
-
-
 @pytest.mark.parametrize("call, word", [
     (lambda: localscale.decompose([0]), "workers"),
     (lambda: localscale.decompose([2], threads=2), "threads"),
-    (lambda: localscale.exchange_cost([]), "batches"),
-    (lambda: localscale.exchange_cost([64], np_=1), "np_"),
-    (lambda: localscale.exchange_cost([64], variants=["nccl"]), "variants"),
 ])
 def test_bad_input_names_the_parameter(call, word):
     with pytest.raises(ValueError, match=word):
         call()
-
-
-def test_exchange_cost_reports_the_communication_threads(monkeypatch):
-    # workers report their threads: Gloo's network thread takes 0.5 ms per step idle, 3 and 5 ms with the exchange
-    def run(nps, *, sync=True, batch_size=64, extra=(), **kw):
-        gloo = [3.0, 5.0] if sync else [0.5, 0.5]
-        ranks = [{"thread_cpu_ms_per_step": {"training": 9.0, "horovod_background": 0.4 + sync * 0.2,
-                                             "gloo_network": g}} for g in gloo]
-        return pd.DataFrame([{"np": 2, "step_time_s": 0.012 if sync else 0.009, "cpu_step_time_s": 0.01,
-                              "in_sync": sync, "ranks": ranks}])
-    monkeypatch.setattr(scaling, "run", _no_separate_launch)
-    monkeypatch.setattr(scaling, "run_paired", _fake_paired(run))
-    cost = localscale.exchange_cost([64]).iloc[0]
-    assert cost.no_sync_gloo_cpu_ms == pytest.approx(0.5) and cost.horovod_gloo_cpu_ms == pytest.approx(4.0)
-    assert cost.no_sync_hvd_thread_cpu_ms == pytest.approx(0.4) and cost.horovod_hvd_thread_cpu_ms == pytest.approx(0.6)
-    # a worker whose kernel hid the split: no columns rather than a made-up number
-    monkeypatch.setattr(scaling, "run_paired", _fake_paired(lambda nps, **kw: pd.DataFrame([{
-        "np": 2, "step_time_s": 0.01, "cpu_step_time_s": 0.01, "in_sync": True,
-        "ranks": [{"thread_cpu_ms_per_step": {"training": 9.0, "communication": 1.0}}] * 2}])))
-    assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
-    # a worker without the report (no /proc): no columns rather than a made-up number
-    monkeypatch.setattr(scaling, "run_paired", _fake_paired(_fake_run(lambda n, sync, b: 10.0)))
-    assert not any("gloo" in c for c in localscale.exchange_cost([64]).columns)
 
 
 def _fake_controller_run(step_ms, calls):
@@ -172,7 +78,7 @@ def test_controller_cost_interleaves_the_settings_and_takes_medians(monkeypatch)
     calls = []
     # no exchange 9 ms under Gloo, 10 under MPI; Gloo's exchange 14 ms; MPI's 10, 11 and then 30 ms (a busy spell)
     mpi = [10.0, 11.0, 30.0]
-    monkeypatch.setattr(scaling, "run", _no_separate_launch)
+    monkeypatch.setattr(scaling, "run", no_separate_launch)
     monkeypatch.setattr(scaling, "run_paired", _fake_controller_run(
         lambda launcher, env, sync, r: (9.0 if launcher == "gloo" else 10.0) if not sync
         else 14.0 if launcher == "gloo" else mpi[r], calls))

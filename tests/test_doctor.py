@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from labkit.base import doctor, horovod
+from labkit import doctor, horovod
 
 CHECK_BUILD = """\
 Horovod v0.28.1:

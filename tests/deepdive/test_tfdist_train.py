@@ -1,4 +1,4 @@
-"""labkit.scale.tfdist_train: MultiWorkerMirroredStrategy workers on this machine (07_scaling_deep_dive's
+"""labkit.deepdive.tfdist_train: MultiWorkerMirroredStrategy workers on this machine (07_scaling_deep_dive's
 tf.distribute comparison; the virtual cluster runs the same workers one per node)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from labkit.scale import tfdist_train
+from labkit.deepdive import tfdist_train
 
 
 def test_two_local_workers_train_in_sync():
@@ -23,7 +23,7 @@ def test_failing_workers_raise_with_their_lines_and_leave_nothing_running():
         tfdist_train.run_local(2, model="nosuchnet", steps=1, timeout=240)
     assert "nosuchnet" in str(err.value)
     # this test's workers only (by their model): the suite runs other tf.distribute launches beside it
-    left = subprocess.run(["pgrep", "-f", "labkit.scale.tfdist_train.*--model nosuchnet"], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-f", "labkit.deepdive.tfdist_train.*--model nosuchnet"], capture_output=True, text=True).stdout
     assert not left.strip()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import labkit
 from labkit.base import config
-from labkit.base.horovod import run_check_build
+from labkit.scale.horovod import run_check_build
 
 SUPPORTED_PYTHON = ((3, 9), (3, 11))
 PINNED_TF = "2.15.1"
@@ -113,7 +113,7 @@ def _horovod_check(report: Report) -> Check:
 
 def _mpi_check(report: Report) -> Check:
     """Which MPI Horovod links (this environment's Open MPI from PyPI, or the system's) and its mpirun."""
-    from labkit.base import mpi
+    from labkit.scale import mpi
     exe = mpi.mpirun_path() if mpi.horovod_has_mpi() else None
     report.info["mpi"] = {"libmpi": mpi.horovod_libmpi() or None, "mpirun": exe,
                           "version": mpi.version(exe) if exe else None,

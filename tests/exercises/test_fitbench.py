@@ -1,10 +1,10 @@
-"""labkit.scale.fitbench: the fit-side images/s from batch-end marks (hand-computed cases, steps_per_execution included),
+"""labkit.exercises.fitbench: the fit-side images/s from batch-end marks (hand-computed cases, steps_per_execution included),
 the variants' edits still apply to keras_hvd.py, and one tiny real comparison's table (no timing asserted)."""
 import numpy as np
 import pytest
 
 from labkit.exercises import check_hvd
-from labkit.scale import fitbench
+from labkit.exercises import fitbench
 
 
 def _rank(step_times, cpu_times, every=1):

@@ -1,4 +1,4 @@
-"""labkit.base.mpi: which libmpi Horovod links and the mpirun that goes with it, against what the loader and the
+"""labkit.scale.mpi: which libmpi Horovod links and the mpirun that goes with it, against what the loader and the
 library itself say."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit.base import mpi
+from labkit.scale import mpi
 
 # A process that loads Horovod's extension, then asks the loader which libmpi it mapped, and that libmpi
 # which version it is (MPI_Get_library_version may be called before MPI_Init).
@@ -90,7 +90,7 @@ def test_mpirun_comes_from_the_installation_of_the_libmpi(tmp_path, monkeypatch,
 
 
 def test_doctor_names_the_mpi_or_says_gloo(monkeypatch):
-    from labkit.base import doctor
+    from labkit import doctor
     monkeypatch.setattr(mpi, "horovod_has_mpi", lambda: True)
     monkeypatch.setattr(mpi, "horovod_libmpi", lambda: f"{sys.prefix}/lib/libmpi.so.40")
     monkeypatch.setattr(mpi, "mpirun_path", lambda: f"{sys.prefix}/bin/mpirun")

@@ -2,7 +2,7 @@
 predict 3 and 4?
 
 In a ring allreduce each node sends and receives 2(p-1)/p x n bytes, whatever the node count p, so the
-exchange grows only from n (2 nodes) towards 2n. `by_nodes()` launches labkit.scale.linkbench on 2, 3, ... nodes
+exchange grows only from n (2 nodes) towards 2n. `by_nodes()` launches labkit.deepdive.linkbench on 2, 3, ... nodes
 of scripts/vcluster.sh's cluster at each link rate (one launch each: allreduce calibration, then steps with
 and without the gradient exchange), and predicts every synced step from the fewest nodes' alpha and beta.
 `table()` and `plot()` show it; the committed run is notebooks/results/vcluster_nodes.json.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from labkit.scale import vcluster
+from labkit.deepdive import vcluster
 
 RESULTS = vcluster.RESULTS.parent / "vcluster_nodes.json"
 
@@ -81,7 +81,7 @@ def plot(results: dict, ax=None):
 
 def main(argv=None) -> int:
     import re
-    p = vcluster.parser("python -m labkit.scale.nodescale",
+    p = vcluster.parser("python -m labkit.deepdive.nodescale",
                         "Weak scaling over node counts on the virtual cluster, against the ring model.")
     p.add_argument("--nodes", default="2,3,4", help="node counts, e.g. 2,3,4")
     p.add_argument("--out", default=None, help=f"result file (default {RESULTS})")

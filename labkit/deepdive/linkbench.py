@@ -1,13 +1,13 @@
 """Rank script: allreduce calibration and interleaved compute-only / synced training steps, in one launch.
 
-    horovodrun -np 2 -H labkit-node1:1,labkit-node2:1 --gloo python -m labkit.scale.linkbench --out DIR
+    horovodrun -np 2 -H labkit-node1:1,labkit-node2:1 --gloo python -m labkit.deepdive.linkbench --out DIR
 
 Every rank (1) times chains of dependent hvd.allreduce calls per message size (the data the ring model's
 alpha and beta are fitted to), then (2) times training steps of one model in three variants, interleaved
 repeat by repeat so that a change in machine load hits all of them alike: `compute` (no gradient
 exchange: what one node alone would take), `sync` (hvd.DistributedGradientTape, float32 on the wire) and
 `sync_fp16` (hvd.Compression.fp16: half the bytes). It writes rank{R}.json to --out. Driven by
-labkit.scale.vcluster; introduced in notebooks/07_scaling_deep_dive.ipynb.
+labkit.deepdive.vcluster; introduced in notebooks/07_scaling_deep_dive.ipynb.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m labkit.scale.linkbench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m labkit.deepdive.linkbench", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4096,65536,262144,1048576,4194304,8388608", help="allreduce bytes")
     p.add_argument("--chain", type=int, default=5, help="dependent allreduces per timed call")
     p.add_argument("--calib-repeats", type=int, default=7)

@@ -84,18 +84,6 @@ def labels(tensors, among=None, width=40) -> list[str]:
     return [s[len(common):][:width] if s.startswith(common) else s[:width] for s in short]
 
 
-def gradient_step(df, step=-1):
-    """The rows of one training step's gradient allreduces (step=-1: the last one), times from its start."""
-    grads = df[df.tensor.str.contains("DistributedGradientTape|gradient_tape", regex=True)]
-    if grads.empty:
-        raise ValueError("no gradient allreduces in this timeline (DistributedGradientTape tensors)")
-    steps = sorted(grads.step.unique())
-    one = grads[grads.step == steps[step]].copy()
-    one["start_ms"] -= one.start_ms.min()
-    one["tensor"] = one.tensor.map(short_name)
-    return one.reset_index(drop=True)
-
-
 def breakdown(step_df) -> dict:
     """One step's gradient exchange in numbers (ms): when gradients became ready, negotiation, allreduce.
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from labkit.scale import nodescale, vcluster
+from labkit.deepdive import nodescale, vcluster
 
 pytestmark = [pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 SCRIPT = ROOT / "scripts" / "vcluster.sh"
 VENV = str(Path(sys.executable).parent.parent)
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
@@ -80,7 +80,7 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
     (["nodescale", "--rates", "fast"], "nodescale: rate must be a tc rate such as '1gbit' or '100mbit'; got 'fast'"),
 ])
 def test_measure_cli_bad_input_is_one_line_and_exit_2(args, expected):
-    module = "labkit.scale.nodescale" if args[0] == "nodescale" else "labkit.scale.vcluster"
+    module = "labkit.deepdive.nodescale" if args[0] == "nodescale" else "labkit.deepdive.vcluster"
     args = args[1:] if args[0] == "nodescale" else args
     res = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60)
     if expected.endswith("unrecognized arguments"):  # argparse's own refusal: usage line + error line
@@ -90,7 +90,7 @@ def test_measure_cli_bad_input_is_one_line_and_exit_2(args, expected):
 
 
 def test_modules_import_without_tensorflow():
-    code = "import sys, labkit.scale.vcluster, labkit.scale.nodescale, labkit.scale.timeline; print('tensorflow' in sys.modules)"
+    code = "import sys, labkit.deepdive.vcluster, labkit.deepdive.nodescale, labkit.deepdive.timeline; print('tensorflow' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "False", res
 
@@ -157,7 +157,7 @@ def test_script_is_shellcheck_clean():
 
 def test_timeline_phases_from_a_hand_made_trace(tmp_path):
     """Horovod's trace format (begin/end per tensor, nested activities, unterminated file) read back exactly."""
-    from labkit.scale import timeline
+    from labkit.deepdive import timeline
     ev = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grad/conv1"}},
           {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "grad/fc"}}]
     for step, base in enumerate((1000, 5000)):  # microseconds
@@ -182,7 +182,7 @@ def test_timeline_phases_from_a_hand_made_trace(tmp_path):
 
 
 def test_timeline_labels_drop_the_model_name_every_gradient_shares():
-    from labkit.scale import timeline
+    from labkit.deepdive import timeline
     names = ["DistributedGradientTape/HorovodAllreduce_gradient_tape_convblock_w32_d4_fc_MatMul_0",
              "DistributedGradientTape/HorovodAllreduce_gradient_tape_convblock_w32_d4_conv1_1_BiasAdd_0",
              "DistributedGradientTape/HorovodAllreduce_gradient_tape_convblock_w32_d4_conv1_2_BiasAdd_0"]

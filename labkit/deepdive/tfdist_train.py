@@ -1,9 +1,9 @@
-"""One worker of tf.distribute.MultiWorkerMirroredStrategy: the same model and step as labkit.scale.linkbench.
+"""One worker of tf.distribute.MultiWorkerMirroredStrategy: the same model and step as labkit.deepdive.linkbench.
 
-Every worker runs `python -m labkit.scale.tfdist_train --workers HOST:PORT,HOST:PORT --index I --out DIR`
+Every worker runs `python -m labkit.deepdive.tfdist_train --workers HOST:PORT,HOST:PORT --index I --out DIR`
 (TensorFlow's own launcher-less design: each process is told the whole cluster and its place in it).
 `run_workers` starts them: on this machine (`run_local`, one port each on 127.0.0.1) or one per node of
-the virtual cluster (`labkit.scale.vcluster.tfdist_run`). Each times synced training steps on a fixed random batch
+the virtual cluster (`labkit.deepdive.vcluster.tfdist_run`). Each times synced training steps on a fixed random batch
 and writes worker{I}.json with the step times, CPU time per step and a checksum of the trainable weights, to
 be compared with Horovod's. Introduced in notebooks/07_scaling_deep_dive.ipynb.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m labkit.scale.tfdist_train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m labkit.deepdive.tfdist_train", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", required=True, help="HOST:PORT of every worker, comma-separated, in order")
     p.add_argument("--index", type=int, required=True, help="this worker's place in --workers")
     p.add_argument("--model", default="convblock_net")
@@ -107,7 +107,7 @@ def run_workers(workers: list[str], *, wrap=None, model="convblock_net", batch_s
     t0, procs, logs = time.perf_counter(), [], []
     try:
         for i in range(len(workers)):
-            cmd = [*(wrap(i) if wrap else []), sys.executable, "-m", "labkit.scale.tfdist_train",
+            cmd = [*(wrap(i) if wrap else []), sys.executable, "-m", "labkit.deepdive.tfdist_train",
                    "--workers", ",".join(workers), "--index", str(i), "--model", model,
                    "--batch-size", str(batch_size), "--steps", str(steps), "--threads", str(threads),
                    "--out", str(out)]

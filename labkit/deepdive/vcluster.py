@@ -28,7 +28,7 @@ from labkit.base import resultsfile
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "vcluster.sh"
 RESULTS = ROOT / "notebooks" / "results" / "vcluster.json"
-PREFIX = "labkit-node"
+PREFIX = launch.NODE_PREFIX
 STATE_DIR = Path(os.environ.get("LABKIT_VCLUSTER_DIR", "/run/labkit-vcluster"))
 RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9}
 
@@ -74,28 +74,6 @@ def why_not() -> str | None:
         return (f"{', '.join(missing)} not installed (apt-get install iproute2 openssh-server "
                 "slurmctld slurmd slurm-client munge)")
     return None
-
-
-def launch_problem(hosts, netns_dir: Path = Path("/run/netns"), own_netns: str = "/proc/self/ns/net") -> str | None:
-    """Why a launch over hosts cannot work from here, or None: hosts naming nodes of the virtual cluster
-    (labkit-nodeK, up as network namespaces) reached from outside them. The nodes' names resolve on the host
-    too, but Gloo's rendezvous server would listen where the nodes cannot reach it, so horovodrun would end
-    in "HTTP request failed"; a launch must start on a node. Detected by comparing this process's network
-    namespace with the nodes' (their files in netns_dir are bind mounts of the namespaces)."""
-    names = [entry.rpartition(":")[0] for entry in launch.parse_hosts(hosts)]
-    nodes = [n for n in names if re.fullmatch(rf"{PREFIX}\d+", n) and (netns_dir / n).exists()]
-    if not nodes:
-        return None
-    try:
-        here = os.stat(own_netns)
-        node_ns = {(st.st_dev, st.st_ino) for st in (os.stat(p) for p in netns_dir.glob(f"{PREFIX}*"))}
-    except OSError:
-        return None  # cannot tell: let the launch speak for itself
-    if (here.st_dev, here.st_ino) in node_ns:
-        return None
-    return (f"{', '.join(nodes)} are nodes of the virtual cluster and this process runs on the host, outside "
-            "them: Gloo's rendezvous would be unreachable from the nodes. Launch from a node: "
-            f"scripts/vcluster.sh exec {nodes[0]} {sys.executable} -m labkit scale ...")
 
 
 def _script(*args, timeout=180, check=True) -> subprocess.CompletedProcess:
@@ -169,7 +147,7 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
     """horovodrun -np np_ across the nodes (one rank per node unless hosts says otherwise).
 
     Returns {"ranks": [rank JSON ...], "link_bytes": {link: {"rx", "tx"} sent during the run},
-    "wall_s": ...}. rank_args go to `python -m <module>` (labkit.scale.hvd_train or labkit.scale.linkbench).
+    "wall_s": ...}. rank_args go to `python -m <module>` (labkit.scale.hvd_train or labkit.deepdive.linkbench).
     """
     n = nodes_up()
     if n < 1:
@@ -198,8 +176,8 @@ def hvd_run(np_: int, rank_args, *, hosts=None, timeout: float = 300, env_extra=
 
 
 def tfdist_run(np_: int = 2, model="convblock_net", batch_size=4, steps=12, port=23456, timeout=300) -> dict:
-    """tf.distribute.MultiWorkerMirroredStrategy across np_ nodes: one labkit.scale.tfdist_train per node."""
-    from labkit.scale import tfdist_train
+    """tf.distribute.MultiWorkerMirroredStrategy across np_ nodes: one labkit.deepdive.tfdist_train per node."""
+    from labkit.deepdive import tfdist_train
     if nodes_up() < np_:
         raise RuntimeError(f"need a virtual cluster of {np_} nodes: scripts/vcluster.sh up --nodes {np_}")
     before, t0 = link_bytes(), time.perf_counter()
@@ -223,7 +201,7 @@ def tfdist_vs_horovod(rates=("1gbit", "50mbit"), model="convblock_net", batch_si
         for _ in range(repeats):
             run = hvd_run(2, ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", 1,
                               "--sizes", "4096", "--chain", 1, "--calib-repeats", 1, "--variants", "sync"],
-                          module="labkit.scale.linkbench")
+                          module="labkit.deepdive.linkbench")
             hv.append(max(r["median_step_s"]["sync"] for r in run["ranks"]))
             t = tfdist_run(2, model, batch_size, steps)
             tfd.append(t["step_s"])
@@ -277,14 +255,14 @@ def summarize(ranks, p: int) -> dict:
 def run_setting(link: str, model="convblock_net", batch_size=4, steps=3, repeats=4, np_=2, env_extra=None,
                 sizes=(4096, 65536, 262144, 1 << 20, 4 << 20), variants="compute,sync,sync_fp16", chain=3,
                 calib_repeats=5) -> dict:
-    """Shape the links to `link` (a rate, or rate+delay: see parse_link), then one launch of labkit.scale.linkbench
+    """Shape the links to `link` (a rate, or rate+delay: see parse_link), then one launch of labkit.deepdive.linkbench
     across np_ nodes, summarised."""
     rate, delay = parse_link(link)
     shape(rate, delay)
     run = hvd_run(np_, ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", repeats,
                         "--sizes", ",".join(map(str, sizes)), "--variants", variants, "--chain", chain,
                         "--calib-repeats", calib_repeats],
-                  module="labkit.scale.linkbench", env_extra=env_extra)
+                  module="labkit.deepdive.linkbench", env_extra=env_extra)
     res = summarize(run["ranks"], np_)
     res.update(link=link, rate=rate, rate_bits=rate_bits(rate), delay_s=delay_s(delay), link_bytes=run["link_bytes"], wall_s=run["wall_s"],
                load_average=os.getloadavg()[0], env=dict(env_extra or {}))
@@ -377,7 +355,7 @@ def plot_calibration(results: dict, ax=None):
 
 
 def parser(prog: str, description: str):
-    """The measurement's command line, shared by this module and labkit.scale.nodescale."""
+    """The measurement's command line, shared by this module and labkit.deepdive.nodescale."""
     import argparse
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--rates", default="1gbit,200mbit,50mbit",
@@ -427,8 +405,8 @@ def run_cli(name: str, args, nodes: int, experiment, out: Path, table_of, check=
 
 
 def main(argv=None) -> int:
-    p = parser("python -m labkit.scale.vcluster", "Calibrate and check the allreduce model on the virtual cluster "
-               "(2 nodes; over node counts: python -m labkit.scale.nodescale).")
+    p = parser("python -m labkit.deepdive.vcluster", "Calibrate and check the allreduce model on the virtual cluster "
+               "(2 nodes; over node counts: python -m labkit.deepdive.nodescale).")
     p.add_argument("--out", default=None, help=f"result file (default {RESULTS})")
     args = p.parse_args(argv)
     return run_cli("vcluster", args, 2, lambda rates: measure(rates, args.model, args.batch_size),
