@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from labkit import doctor
-from labkit.scale import horovod
+from labkit.scale import horovod_info as horovod
 
 CHECK_BUILD = """\
 Horovod v0.28.1:

@@ -1,6 +1,6 @@
 """Data-parallel training with Horovod, from one laptop to many nodes (04_horovod_scaling).
 
-    horovod       which Horovod this environment has: its horovodrun and what it was built with
+    horovod_info  which Horovod this environment has: its horovodrun and what it was built with
     mpi           which MPI Horovod links (PyPI's Open MPI in .venv, or the system's) and its mpirun
     launch        start Horovod ranks (horovodrun, mpirun, srun), stream results, kill the whole tree
     hvd_train     the one script the ranks run (python -m labkit.scale.hvd_train); imported by nothing

@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from labkit.scale.horovod import horovodrun_path
+from labkit.scale.horovod_info import horovodrun_path
 
 WORKER = "labkit.scale.hvd_train"  # the module every rank runs unless a launch names another
 MARKER_ENV = "LABKIT_RUN_ID"  # every process of one launch carries this, so none can escape the cleanup
