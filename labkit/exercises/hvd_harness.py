@@ -5,18 +5,27 @@
 labkit.exercises.check_hvd starts it through labkit.scale.launch. Each script runs with runpy as `__main__` in a fresh
 working folder of its own rank (DIR/work/s<script>/rank<R>: a file that every rank writes cannot make one of
 them crash; the records say who wrote what), with the same seeds on every rank, so that two ranks fed the same data see the same batches. What the script does is recorded by patching
-Keras, not Horovod, so any way of writing it is judged by its effect:
-  compile: the optimizer (class, Horovod's or not), its learning rate; then each rank's weights get a small
-           rank-dependent nudge, so that only a broadcast can make them equal again;
+Keras, so any way of writing it is judged by its effect:
+  weights: each rank initialises its own, as real ranks do (they share no seed): every trainable weight gets a
+           small rank-dependent nudge the moment a layer creates it, before any of the script's code can
+           broadcast it, so that only a broadcast (callback, broadcast_variables before fit or after the first
+           batch, in any form) makes the ranks equal;
+  compile: the optimizer (class, Horovod's or not, legacy or Keras 2.11+'s), its learning rate (a schedule:
+           its first values);
   fit:     the callbacks (Horovod's are named), steps per epoch, verbose, the first batches' examples
-           (a hash per image), the weights' checksum after the first step and at the end, the learning rate
-           at each of the first steps, the metrics each epoch ends with;
+           (a hash per image), the weights' checksum after the first step and at the end, the steps begun and run, the
+           learning rate at each of the first steps, the metrics each epoch ends with;
   save / save_weights / tf.train.Checkpoint: the files each rank writes.
-Whether the script imported Horovod, called hvd.init() (hvd.rank(), hvd.size()) and how it failed are
-recorded too. Several scripts can share one launch (the tests do): before each, Keras is cleared and the seeds
-set again, as in a fresh process; but Horovod stays up from the first hvd.init() of the launch on (a second
-Gloo rendezvous after hvd.shutdown() races: a rank may dial its peer's old port), so a script that forgets
-hvd.init() is only caught before the first script that calls it ("horovod_up_before" says which case it is).
+Whether the script imported Horovod, called hvd.init() (hvd.rank(), hvd.size(), hvd.local_size()) and how it
+failed (the error's line that names the cause) are recorded too. Each rank is told it runs on a node of its
+own (hvd.local_rank() 0, hvd.local_size() 1, as on a cluster with one worker per node), so that a script that
+counts the workers with local_size() shows it. Several scripts can share one launch (the tests do): before
+each, Keras is cleared and the seeds set again, as in a fresh process; after each, every rank calls hvd.join(),
+so that a rank that left a collective early (skipped fit, stopped, ran fewer steps) cannot hang the next
+script: the ranks still inside answer with an error or finish, and all start the next script together. But
+Horovod stays up from the first hvd.init() of the launch on (a second Gloo rendezvous after hvd.shutdown()
+races: a rank may dial its peer's old port), so a script that forgets hvd.init() is only caught before the first
+script that calls it ("horovod_up_before" says which case it is).
 rank{R}.json holds {"scripts": [record, ...]}.
 
 `--timing` records instead per-step wall times of model.fit (labkit.scale.fitbench), with no other patch.
@@ -31,6 +40,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 import runpy
 import sys
 import time
@@ -41,7 +51,8 @@ import labkit  # noqa: F401  (TF log level before TensorFlow)
 
 SEED = 1234  # the same on every rank: only the broadcast may make the ranks' weights agree
 FIRST_BATCHES = 3  # batches whose examples are hashed
-NUDGE = 1e-3  # relative size of the rank-dependent nudge given to the weights at compile
+NUDGE = 1e-3  # relative size of the rank-dependent nudge given to each trainable weight when it is created
+LR_CURVE = 64  # steps at which a learning-rate schedule's values are recorded
 
 
 def env_rank() -> tuple[int, int]:
@@ -67,6 +78,34 @@ def imports_horovod(source: str) -> bool:
     return False
 
 
+def called_names(source: str) -> list[str]:
+    """The names the script calls (hvd.init() -> "init"): how the checker tells a late hvd.init() from none."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    calls = (node.func for node in ast.walk(tree) if isinstance(node, ast.Call))
+    return sorted({f.attr if isinstance(f, ast.Attribute) else f.id for f in calls
+                   if isinstance(f, (ast.Attribute, ast.Name))})
+
+
+def lr_uses_local_size(source: str) -> bool:
+    """Whether a statement that names a learning rate (lr, learning_rate) also calls local_size()."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    for stmt in ast.walk(tree):
+        if not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return)):
+            continue
+        nodes = list(ast.walk(stmt))
+        names = {n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.arg
+                 for n in nodes if isinstance(n, (ast.Name, ast.Attribute, ast.keyword))}
+        if "local_size" in names and any(name and ("lr" in name.lower() or "learning_rate" in name) for name in names):
+            return True
+    return False
+
+
 def _checksum(model) -> str:
     from labkit.base import rankstats
     return rankstats.weights_checksum([w.numpy() for w in model.trainable_weights])
@@ -84,6 +123,17 @@ def _lr_value(opt, step=0):
         return float(tf.keras.backend.get_value(lr))
     except Exception:  # an exotic optimizer: the checker then says it cannot read the LR
         return None
+
+
+def _describe_optimizer(opt) -> dict:
+    """What compile was given: the optimizer's class, whether Horovod wraps it, legacy or not, its learning rate."""
+    import tensorflow as tf
+    lr = getattr(opt, "learning_rate", None)
+    schedule = isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule)
+    return {"optimizer": type(opt).__name__, "module": type(opt).__module__,
+            "horovod": type(opt).__module__.startswith("horovod"),
+            "legacy": isinstance(opt, tf.keras.optimizers.legacy.Optimizer), "lr": _lr_value(opt),
+            "lr_curve": [_lr_value(opt, s) for s in range(LR_CURVE)] if schedule else None}
 
 
 def _describe_callback(cb) -> dict:
@@ -107,15 +157,28 @@ def _floats(logs) -> dict:
     return out
 
 
+def error_line(err: BaseException) -> str:
+    """The exception as one line: its type and the line of its message that names the cause (a TensorFlow graph
+    error's is its last line, under the trace of the graph's nodes), at most 240 characters."""
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", str(err))  # TensorFlow's name of the op that failed
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    noise = ("Detected at node", "File ", "[[", "[Op:", "Graph execution error", "defined at", "in user code")
+    causes = [ln for ln in lines if not ln.startswith(noise) and not ln.endswith(":")]
+    line = (causes[-1] if causes and lines[0].startswith(("Graph execution error", "in user code")) else
+            causes[0] if causes else lines[0] if lines else "")
+    text = f"{type(err).__name__}: {line}" if line else type(err).__name__
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
 class _Recorder:
     """Patches Keras for one script and collects what the rank did."""
 
     def __init__(self, rank: int):
         self.rank = rank
-        self.rec = {"compile": [], "fit": [], "saves": [], "batches": [], "lr_steps": [],
+        self.rec = {"compile": [], "fit": [], "saves": [], "batches": [], "lr_steps": [], "steps_begun": 0, "steps_run": 0,
                     "checksum_first_step": None, "checksum_end": None, "epoch_logs": []}
         self._undo = []
-        self._nudged = set()
+        self._created = 0  # weights nudged so far: each its own random stream
 
     def _patch(self, owner, name, make):
         original = getattr(owner, name)
@@ -127,16 +190,18 @@ class _Recorder:
             setattr(owner, name, original)
         self._undo.clear()
 
-    def _nudge(self, model):
-        """Shift every trainable weight by a small rank-dependent amount (rank 0 too): the ranks now differ."""
+    def _nudge(self, v):
+        """Shift a new trainable weight by a small rank-dependent amount (rank 0 too; zeros and ones as well, so
+        that a broadcast that leaves any array out shows): this rank's own initialisation."""
         import numpy as np
-        if id(model) in self._nudged or not model.built:
+        import tensorflow as tf
+        if not getattr(v, "trainable", False) or not hasattr(v, "assign_add"):
             return
-        rng = np.random.default_rng([SEED, self.rank])
-        for v in model.trainable_weights:
+        rng = np.random.default_rng([SEED, self.rank, self._created])
+        self._created += 1
+        with tf.init_scope():  # a layer built inside fit's tf.function: nudged once, eagerly, not at every step
             scale = NUDGE * (float(np.abs(v.numpy()).mean()) or 1.0)
             v.assign_add(rng.normal(0, scale, v.shape).astype(v.dtype.as_numpy_dtype))
-        self._nudged.add(id(model))
 
     def _record_data(self, x):
         """Hash the images of the first batches that reach the training step (a tf.data pipeline is mapped)."""
@@ -170,14 +235,18 @@ class _Recorder:
         rec, recorder = self.rec, self
         model_cls = tf.keras.Model
 
+        def add_weight_(original):
+            def add_weight(layer, *args, **kwargs):
+                v = original(layer, *args, **kwargs)
+                if not isinstance(layer, tf.keras.metrics.Metric):
+                    recorder._nudge(v)
+                return v
+            return add_weight
+
         def compile_(original):
             def compile(model, *args, **kwargs):
                 out = original(model, *args, **kwargs)
-                opt = model.optimizer
-                rec["compile"].append({"optimizer": type(opt).__name__, "module": type(opt).__module__,
-                                       "horovod": type(opt).__module__.startswith("horovod"),
-                                       "lr": _lr_value(opt)})
-                recorder._nudge(model)
+                rec["compile"].append(_describe_optimizer(model.optimizer))
                 return out
             return compile
 
@@ -185,10 +254,12 @@ class _Recorder:
             """Last in the list: sees the weights and logs after the script's own callbacks (the broadcast)."""
 
             def on_train_batch_begin(self, batch, logs=None):
+                rec["steps_begun"] += 1
                 if len(rec["lr_steps"]) < 8:
                     rec["lr_steps"].append(_lr_value(self.model.optimizer, len(rec["lr_steps"])))
 
             def on_train_batch_end(self, batch, logs=None):
+                rec["steps_run"] += 1
                 if rec["checksum_first_step"] is None:
                     rec["checksum_first_step"] = _checksum(self.model)
 
@@ -200,7 +271,6 @@ class _Recorder:
 
         def fit_(original):
             def fit(model, x=None, y=None, *args, **kwargs):
-                recorder._nudge(model)  # a model compiled before it was built
                 callbacks = list(kwargs.pop("callbacks", None) or [])
                 verbose = kwargs.get("verbose", "auto")
                 rec["fit"].append({"callbacks": [_describe_callback(c) for c in callbacks],
@@ -218,6 +288,7 @@ class _Recorder:
                 return save
             return make
 
+        self._patch(tf.keras.layers.Layer, "add_weight", add_weight_)
         self._patch(model_cls, "compile", compile_)
         self._patch(model_cls, "fit", fit_)
         self._patch(model_cls, "save", saver("Model.save"))
@@ -322,7 +393,38 @@ def _horovod_state() -> dict:
     import horovod.tensorflow as hvd
     if not hvd.is_initialized():
         return {"initialized": False}
-    return {"initialized": True, "hvd_rank": hvd.rank(), "hvd_size": hvd.size()}
+    return {"initialized": True, "hvd_rank": hvd.rank(), "hvd_size": hvd.size(), "hvd_local_size": hvd.local_size()}
+
+
+def _one_node_per_rank():
+    """Tell the scripts each rank has a node of its own (hvd.local_rank() 0, local_size() 1, cross_rank() the
+    rank): a cluster's layout, on which local_size() and size() differ. Horovod itself keeps the real one."""
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd_keras
+
+    def local_rank():
+        hvd_tf.rank()  # raises as the real one does before hvd.init()
+        return 0
+
+    def local_size():
+        hvd_tf.size()
+        return 1
+
+    for module in (hvd_tf, hvd_keras):
+        module.local_rank, module.local_size = local_rank, local_size
+        module.cross_rank, module.cross_size = hvd_tf.rank, hvd_tf.size
+
+
+def _join() -> int | None:
+    """hvd.join() when Horovod is up: wait until every rank has finished the script (a rank still inside a collective
+    gets an answer meanwhile); the rank that joined last, or None."""
+    if "horovod.tensorflow" not in sys.modules:
+        return None
+    import horovod.tensorflow as hvd
+    try:
+        return int(hvd.join()) if hvd.is_initialized() else None
+    except Exception:  # a script that shut Horovod down itself
+        return None
 
 
 def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool = False, first: bool = True) -> dict:
@@ -331,7 +433,8 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
     first=False: an earlier script of this process has started TensorFlow's runtime (see _allow_second_setup)."""
     rank, size = env_rank()
     src = Path(path).read_text()
-    record = {"script": str(path), "rank": rank, "size": size, "imports_horovod": imports_horovod(src)}
+    record = {"script": str(path), "rank": rank, "size": size, "imports_horovod": imports_horovod(src),
+              "calls": called_names(src), "lr_uses_local_size": lr_uses_local_size(src)}
     _reset(SEED)
     record["horovod_up_before"] = _horovod_state()["initialized"]  # an earlier script of this launch called hvd.init()
     watcher = _Timer() if timing else _Recorder(rank)
@@ -354,8 +457,7 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
         record["error"] = None if code in (None, 0) else f"SystemExit({code!r})"
         record["exit_code"] = code
     except BaseException as err:  # the learner's bug: recorded, reported in one line by the checker
-        lines = traceback.format_exception_only(type(err), err)
-        record["error"] = " ".join(lines[-1].split())
+        record["error"] = error_line(err)
         record["traceback"] = traceback.format_exc()[-3000:]
     finally:
         record["stderr_tail"] = sys.stderr.text.strip().splitlines()[-5:] if isinstance(sys.stderr, _Tee) else []
@@ -367,6 +469,7 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
         restore_setup()
     record["wall_s"] = time.perf_counter() - t0
     record.update(_horovod_state())
+    record["last_joined"] = _join()
     record.update(watcher.rec)
     record["new_files"] = sorted(str(p.relative_to(workdir)) for p in set(workdir.rglob("*")) - before)
     return record
@@ -397,7 +500,9 @@ def main(argv=None) -> int:
         print("labkit.exercises.hvd_harness: give at least one --script PATH", file=sys.stderr)
         return 2
     timing = "--timing" in own
-    rank, _ = env_rank()
+    rank, size = env_rank()
+    if not timing and size > 1:
+        _one_node_per_rank()
     workroot = (out or Path.cwd()) / "work"
     records = []
     for k, (path, mine) in enumerate(scripts):
