@@ -5,6 +5,7 @@
     check_code_models  the same for 05's Pareto front and 06's transfer set-up
     check_hvd   04's checker: the learner's Horovod script run on 2 workers, one line on what is wrong
     hvd_harness what each rank of a checked script did (run by horovodrun; imported by nothing)
+    hvd_record  the harness's Keras patches and source reading: what a script did on one rank
     verdict     the machinery the checkers share: Spec, Verdict, the registry
     build       `labkit exercises list | build DIR`: the learner edition without solutions
     schedule    the learner's minutes per notebook and the workshop schedules they must fit

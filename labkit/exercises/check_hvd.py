@@ -56,8 +56,8 @@ MISTAKES = (
                   "same callbacks; only printing and writing files may depend on hvd.rank()."),
     ("no_fit", "your script never reaches model.fit: this exercise keeps Keras's fit and adds Horovod's "
                "pieces around it."),
-    ("not_broadcast", "the ranks' weights differ after the first step (checksums {a} and {b}): every rank "
-                      "initialises its own, so start them all from rank 0's, every variable of the model: add "
+    ("not_broadcast", "the ranks' weights differ after the first step (checksums {a} and {b}): each rank "
+                      "initialises its own (no seed is shared), so start them all from rank 0's, every variable of the model: add "
                       "hvd.callbacks.BroadcastGlobalVariablesCallback(0) (or broadcast model.variables from rank "
                       "0 before fit)."),
     ("gradients_not_averaged", "the ranks' weights drift apart during training (checksums {a} and {b} at the "
@@ -179,6 +179,10 @@ def sync_rows(records):
     return pd.DataFrame(rows)
 
 
+# what one Horovod module lacks and the other has: hvd.<name> from the wrong import
+ELSEWHERE = {"horovod.tensorflow": {"callbacks", "load_model"},
+             "horovod.tensorflow.keras": {"DistributedGradientTape", "PartialDistributedGradientTape", "join",
+                                          "broadcast_variables", "broadcast_object", "allgather_object"}}
 COLLECTIVE = ("not supported with Join", "has been shut down", "Horovod is shutting down")  # a rank left the others
 
 
@@ -232,14 +236,16 @@ def _crash(records) -> Verdict | None:
                 return _mistake("init_too_late", rank=r["rank"], error=_error(r))
             return _mistake("not_initialised", why=f"rank {r['rank']}: {_error(r)}")
         missing = re.search(r"module '(horovod[\w.]*)' has no attribute '(\w+)'", why)
-        if missing:
+        if missing and missing[2] in ELSEWHERE.get(missing[1], ()):
             return _mistake("wrong_import", name=missing[2], module=missing[1], rank=r["rank"], error=_error(r))
     new = [c for r in records for c in r["compile"] if c.get("legacy") is False]
     failed = next((r for r in records if r.get("error")), None)
-    if failed and new:
+    if failed and new and failed["fit"]:  # it stopped in fit, where Horovod's callbacks meet the optimizer
         return _mistake("new_optimizer", optimizer=f"tf.keras.optimizers.{new[0]['optimizer']}",
                         rank=failed["rank"], error=_error(failed))
     return _left(records) or _failure(records)
+
+
 def _not_initialised(records) -> str | None:
     """Why Horovod is not set up on every rank (the scripts ran to the end), or None."""
     if not all(r.get("initialized") for r in records):

@@ -333,3 +333,45 @@ def test_the_placeholder_runs_alone(tmp_path):
                            "--batch-size", "4"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "loss" in proc.stdout and (tmp_path / "checkpoint.h5").is_file()
+
+
+def test_error_line_is_the_line_that_names_the_cause():
+    """A TensorFlow graph error is a trace of nodes around one line of cause: that line, one line, no node names."""
+    from labkit.exercises.hvd_record import error_line
+
+    class UnknownError(Exception):
+        pass
+
+    trace = ("Graph execution error:\n\nDetected at node 'DistributedSGD_Allreduce/cond_5/HorovodAllreduce' defined "
+             "at (most recent call last):\n  File \"my_keras_hvd.py\", line 44, in <module>\n" * 20 +
+             "{{function_node __wrapped__HorovodAllreduce_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
+             "Horovod has been shut down. This was caused by an exception on one of the ranks.\n"
+             "\t [[{{node DistributedSGD_Allreduce/cond_5/HorovodAllreduce}}]] [Op:__inference_train_function_911]")
+    assert error_line(UnknownError(trace)) == ("UnknownError: Horovod has been shut down. This was caused by an "
+                                               "exception on one of the ranks.")
+    assert error_line(NameError("name 'modells' is not defined")) == "NameError: name 'modells' is not defined"
+    assert len(error_line(ValueError("x" * 1000))) == 240
+
+
+def _record(rank, **fields):
+    """A harness record of a script that stopped before fit (the fields a verdict reads)."""
+    return {"rank": rank, "size": 2, "imports_horovod": True, "error": None, "compile": [], "fit": [],
+            "steps_begun": 0, "calls": ["init"], **fields}
+
+
+def test_a_typo_in_a_horovod_name_is_not_called_a_wrong_import():
+    """hvd.callbaks is in neither module: the error's own line, not the advice to import the other module."""
+    error = "AttributeError: module 'horovod.tensorflow.keras' has no attribute 'callbaks'"
+    v = check_hvd.verdict_of([_record(0, error=error), _record(1, error=error)])
+    assert v.status == "unreadable" and v.message.endswith(error), v.message
+    error = "AttributeError: module 'horovod.tensorflow.keras' has no attribute 'DistributedGradientTape'"
+    v = check_hvd.verdict_of([_record(0, error=error), _record(1, error=error)])
+    assert v.mistake == "wrong_import" and "horovod.tensorflow" in v.message, v.message
+
+
+def test_a_crash_before_fit_with_the_new_optimizer_is_the_crash():
+    """Keras's new optimizer is named only when the script stopped in fit, where Horovod's callbacks use it."""
+    compiled = [{"optimizer": "SGD", "legacy": False, "horovod": True, "lr": 0.025}]
+    error = "NameError: name 'modells' is not defined"
+    v = check_hvd.verdict_of([_record(r, error=error, compile=compiled) for r in (0, 1)])
+    assert v.status == "unreadable" and v.message.endswith(error), v.message
