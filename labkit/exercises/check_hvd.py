@@ -379,10 +379,23 @@ def _script_path(answer, tmp: Path) -> Path | Verdict:
     return path
 
 
+_LOG_NOISE = ("WARNING", "W ", "I ", "[20", "Missing ranks", "One or more tensors", "Traceback", "File ")
+
+
+def _last_words(lines) -> str:
+    """The ranks' last line that says something to a learner: an exception's line if there is one, never
+    TensorFlow's or Horovod's log lines and node names."""
+    lines = [re.sub(r"^\[rank \d+\]\s*", "", ln).strip() for ln in lines]
+    said = [ln for ln in lines if ln and not ln.startswith(_LOG_NOISE) and not re.search(r"\[\[|PartitionedCall|"
+                                                                                      r"function_node|^\d+: \[", ln)]
+    errors = [ln for ln in said if re.match(r"[\w.]*(Error|Exception|Exit|Interrupt)\b", ln)]
+    last = (errors or said or ["(nothing)"])[-1]
+    return last if len(last) <= 200 else last[:197] + "..."
+
+
 def _launch_failure(err) -> str:
-    """A launch that died (a rank killed, a hang past the timeout): one line and the last line the ranks wrote."""
-    last = next((ln.strip() for ln in reversed(err.stderr_tail or []) if ln.strip()), str(err).splitlines()[0])
-    last = last if len(last) <= 200 else last[:197] + "..."
+    """A launch that died (a rank killed, a hang past the timeout): one line and the ranks' last words."""
+    last = _last_words([*(err.stderr_tail or []), *str(err).splitlines()[:1]])
     if err.timed_out:
         return (f"Your script did not finish in time on {NP} workers: a rank may be waiting in a collective "
                 f"that another rank never joins (every rank must take part in every one); the last line: {last}")

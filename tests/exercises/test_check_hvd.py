@@ -375,3 +375,19 @@ def test_a_crash_before_fit_with_the_new_optimizer_is_the_crash():
     error = "NameError: name 'modells' is not defined"
     v = check_hvd.verdict_of([_record(r, error=error, compile=compiled) for r in (0, 1)])
     assert v.status == "unreadable" and v.message.endswith(error), v.message
+
+
+def test_a_launch_that_died_is_one_line_without_horovod_s_log():
+    from labkit.scale.launch import HorovodRunError
+    tail = ["[rank 1] Traceback (most recent call last):", "[rank 1]   File \"my_keras_hvd.py\", line 3, in <module>",
+            "[rank 1] MemoryError: Unable to allocate 3.00 GiB", "[rank 0] WARNING:tensorflow:5 out of the last 14 "
+            "calls to <function train_function> triggered tf.function retracing." + " x" * 200,
+            "[rank 0] [2026-11-26 16:09:57: W horovod/common/stall_inspector.cc:107] One or more tensors were "
+            "submitted", "[rank 0] Missing ranks:", "[rank 0] 1: [PartitionedCall/DistributedSGD_Allreduce/cond/"
+            "then/_19/HorovodAllreduce_grads_0, ...]"]
+    died = check_hvd._launch_failure(HorovodRunError("2 workers: rank 1 exited with code 1", stderr_tail=tail))
+    assert died.endswith("the last line it wrote: MemoryError: Unable to allocate 3.00 GiB"), died
+    hung = check_hvd._launch_failure(HorovodRunError("2 workers: no result within timeout=300 s",
+                                                     stderr_tail=tail[3:], timed_out=True))
+    assert "every rank must take part" in hung and "Allreduce" not in hung and "retracing" not in hung, hung
+    assert "\n" not in hung and len(hung) < 400
