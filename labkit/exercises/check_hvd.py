@@ -6,7 +6,11 @@ records what each rank did), prints one line and returns the path of the referen
 The checks, in the order a learner meets them (MISTAKES): a crash named when it is a usual one (hvd.init()
 missing or late, the wrong Horovod module, Keras's new optimizer, a rank that left a collective), initialised,
 weights broadcast, gradients averaged, LR scaled, LR warmed up, metrics averaged, one checkpoint writer, data
-sharded, steps per epoch divided, one printer.
+sharded, steps per epoch divided, one printer. Judged by effect, so every correct form passes (the broadcast as
+the callback, broadcast_variables before fit or after the first batch; a warmup as the callback or a schedule; the
+data sharded by make_dataset or by hand). Metrics averaged by hand are right when the average goes back into
+Keras's logs during fit (a callback, as MetricAverageCallback does) and a mistake when only a number printed after
+fit is averaged: the callbacks that read the logs (save_best_only, EarlyStopping) then see each rank's own.
 `keras_hvd.judge(answer)` returns the Verdict instead; `run_scripts` / `verdict_of` let several scripts share
 one launch (the tests). (04_horovod_scaling)
 """
@@ -202,8 +206,8 @@ def _failure(records) -> Verdict | None:
         return None
     own = [r for r in failed if not any(c in r["error"] for c in COLLECTIVE)] or failed
     r = own[0]
-    return Verdict("unreadable", f"Your script stopped with an error on rank {r['rank']}, in its own code or a "
-                                 f"library it called; the error's line: {_error(r)}", str(REFERENCE))
+    return Verdict("unreadable", f"Your script stopped on rank {r['rank']}, none of the usual Horovod mistakes; "
+                                 f"the error's own line: {_error(r)}", str(REFERENCE))
 
 
 def _left(records) -> Verdict | None:

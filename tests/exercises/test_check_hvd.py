@@ -127,6 +127,10 @@ CORRECT = {
         ("    hvd.callbacks.LearningRateWarmupCallback(", "    # hvd.callbacks.LearningRateWarmupCallback("),
         ("SGD(learning_rate=lr,", "SGD(learning_rate=tf.keras.optimizers.schedules.PolynomialDecay("
                                   "lr / hvd.size(), 4, lr, power=1.0),")),
+    "horovod_keras_and_full_module_path": _broken(
+        ("import horovod.tensorflow.keras as hvd\n", "import horovod.keras as hvd  # Horovod's older Keras module\n"
+                                                      "import horovod.tensorflow\n"),
+        (CALLBACKS, ""), (FIT, "horovod.tensorflow.broadcast_variables(model.variables, root_rank=0)\n" + FIT)),
     "metrics_averaged_by_hand_in_a_callback": _broken(
         ("callbacks = [\n", AVERAGE_LOGS + "callbacks = [\n"),
         ("    hvd.callbacks.MetricAverageCallback(),", "    AverageLogs(),")),
