@@ -1,9 +1,11 @@
 """The exercises of notebooks 01-06, the learner edition, and the minutes each lesson takes (every notebook).
 
     check       the checkers: an answer -> a success line, the usual mistake named, or "not answered yet"
-    check_code  the checkers of exercises whose answer is code: run on inputs they make, against an oracle
+    check_code  the checkers of exercises whose answer is code: run on inputs they make, against an oracle (01-03)
+    check_code_models  the same for 05's Pareto front and 06's transfer set-up
     check_hvd   04's checker: the learner's Horovod script run on 2 workers, one line on what is wrong
     hvd_harness what each rank of a checked script did (run by horovodrun; imported by nothing)
+    hvd_record  the harness's Keras patches and source reading: what a script did on one rank
     fitbench    `labkit fit-bench`: model.fit with Horovod's callbacks against the custom loop, through hvd_harness
     verdict     the machinery the checkers share: Spec, Verdict, the registry
     build       `labkit exercises list | build DIR`: the learner edition without solutions

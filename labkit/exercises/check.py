@@ -438,6 +438,6 @@ def head_params(base, classes: int) -> Spec:
 
 
 # ------------------------------------------------------------------------------------ code exercises (01-06)
-from labkit.exercises.check_code import (conv_macs_function, im2col_function, pareto_function,  # noqa: E402,F401
-                                         training_step, transfer_function)
+from labkit.exercises.check_code import conv_macs_function, im2col_function, training_step  # noqa: E402,F401
+from labkit.exercises.check_code_models import pareto_function, transfer_function  # noqa: E402,F401
 from labkit.exercises.check_hvd import keras_hvd  # noqa: E402,F401  (04: a script, judged by running it)

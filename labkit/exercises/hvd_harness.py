@@ -4,31 +4,40 @@
 
 labkit.exercises.check_hvd starts it through labkit.scale.launch. Each script runs with runpy as `__main__` in a fresh
 working folder of its own rank (DIR/work/s<script>/rank<R>: a file that every rank writes cannot make one of
-them crash; the records say who wrote what), with the same seeds on every rank, so that two ranks fed the same data see the same batches. What the script does is recorded by patching
-Keras, not Horovod, so any way of writing it is judged by its effect:
-  compile: the optimizer (class, Horovod's or not), its learning rate; then each rank's weights get a small
-           rank-dependent nudge, so that only a broadcast can make them equal again;
+them crash; the records say who wrote what), with the same seeds on every rank, so that two ranks fed the same
+data see the same batches. What the script does is recorded by patching Keras (labkit.exercises.hvd_record), so any
+way of writing it is judged by its effect:
+  weights: each rank initialises its own, as real ranks do (they share no seed): every trainable weight gets a
+           small rank-dependent nudge the moment a layer creates it, before any of the script's code can
+           broadcast it, so that only a broadcast (callback, broadcast_variables before fit or after the first
+           batch, in any form) makes the ranks equal (a seed the script sets on every rank does not: the nudge
+           comes after it, as a checkpoint restored on rank 0 only would);
+  compile: the optimizer (class, Horovod's or not, legacy or Keras 2.11+'s), its learning rate (a schedule:
+           its first values);
   fit:     the callbacks (Horovod's are named), steps per epoch, verbose, the first batches' examples
-           (a hash per image), the weights' checksum after the first step and at the end, the learning rate
-           at each of the first steps, the metrics each epoch ends with;
+           (a hash per image), the weights' checksum after the first step and at the end, the steps begun and
+           run, the learning rate at each of the first steps, the metrics each epoch ends with;
   save / save_weights / tf.train.Checkpoint: the files each rank writes.
-Whether the script imported Horovod, called hvd.init() (hvd.rank(), hvd.size()) and how it failed are
-recorded too. Several scripts can share one launch (the tests do): before each, Keras is cleared and the seeds
-set again, as in a fresh process; but Horovod stays up from the first hvd.init() of the launch on (a second
-Gloo rendezvous after hvd.shutdown() races: a rank may dial its peer's old port), so a script that forgets
-hvd.init() is only caught before the first script that calls it ("horovod_up_before" says which case it is).
+Whether the script imported Horovod, called hvd.init() (hvd.rank(), hvd.size(), hvd.local_size()) and how it
+failed (the error's line that names the cause) are recorded too. Each rank is told it runs on a node of its
+own (hvd.local_rank() 0, hvd.local_size() 1, as on a cluster with one worker per node), so that a script that
+counts the workers with local_size() shows it. Several scripts can share one launch (the tests do): before
+each, Keras is cleared and the seeds set again, as in a fresh process; after each, every rank calls hvd.join(),
+so that a rank that left a collective early (skipped fit, stopped, ran fewer steps) cannot hang the next
+script: the ranks still inside answer with an error or finish, and all start the next script together. But
+Horovod stays up from the first hvd.init() of the launch on (a second Gloo rendezvous after hvd.shutdown()
+races: a rank may dial its peer's old port), so a script that forgets hvd.init() is only caught before the first
+script that calls it ("horovod_up_before" says which case it is).
 rank{R}.json holds {"scripts": [record, ...]}.
 
 `--timing` records instead per-step wall times of model.fit (labkit.exercises.fitbench), with no other patch.
 `--script S --with=A,B,C` gives S its own arguments (`{workdir}` is its folder); a script run with `--out D`
 (labkit.scale.hvd_train) has its D/rank{R}.json kept in its record as "result": fit and the custom loop can then
 alternate in one launch, in the same processes.
-A leaf: no labkit module imports it.
+A leaf: no labkit module imports it (it imports labkit.exercises.hvd_record).
 """
 from __future__ import annotations
 
-import ast
-import hashlib
 import json
 import os
 import runpy
@@ -38,10 +47,8 @@ import traceback
 from pathlib import Path
 
 import labkit  # noqa: F401  (TF log level before TensorFlow)
-
-SEED = 1234  # the same on every rank: only the broadcast may make the ranks' weights agree
-FIRST_BATCHES = 3  # batches whose examples are hashed
-NUDGE = 1e-3  # relative size of the rank-dependent nudge given to the weights at compile
+from labkit.exercises.hvd_record import (SEED, Recorder, Timer, called_names, error_line, imports_horovod,
+                                        lr_uses_local_size, model_checksums)
 
 
 def env_rank() -> tuple[int, int]:
@@ -51,218 +58,6 @@ def env_rank() -> tuple[int, int]:
         if r in os.environ:
             return int(os.environ[r]), int(os.environ.get(s, "1"))
     return 0, 1
-
-
-def imports_horovod(source: str) -> bool:
-    """Whether the script's source imports horovod (any of its modules)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return "horovod" in source
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "horovod" for a in node.names):
-            return True
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "horovod":
-            return True
-    return False
-
-
-def _checksum(model) -> str:
-    from labkit.base import rankstats
-    return rankstats.weights_checksum([w.numpy() for w in model.trainable_weights])
-
-
-def _lr_value(opt, step=0):
-    """The optimizer's learning rate now (a schedule: its value at `step`), as a float; None if unreadable."""
-    import tensorflow as tf
-    try:
-        lr = getattr(opt, "learning_rate", None)
-        if lr is None:
-            lr = opt.lr
-        if isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule):
-            return float(lr(step))
-        return float(tf.keras.backend.get_value(lr))
-    except Exception:  # an exotic optimizer: the checker then says it cannot read the LR
-        return None
-
-
-def _describe_callback(cb) -> dict:
-    d = {"class": type(cb).__name__, "module": type(cb).__module__}
-    if hasattr(cb, "initial_lr"):
-        d["initial_lr"] = None if cb.initial_lr is None else float(cb.initial_lr)
-    if hasattr(cb, "end_epoch"):
-        d["warmup_epochs"] = cb.end_epoch
-    if hasattr(cb, "filepath"):
-        d["filepath"] = str(cb.filepath)
-    return d
-
-
-def _floats(logs) -> dict:
-    out = {}
-    for k, v in (logs or {}).items():
-        try:
-            out[k] = float(v)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-class _Recorder:
-    """Patches Keras for one script and collects what the rank did."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.rec = {"compile": [], "fit": [], "saves": [], "batches": [], "lr_steps": [],
-                    "checksum_first_step": None, "checksum_end": None, "epoch_logs": []}
-        self._undo = []
-        self._nudged = set()
-
-    def _patch(self, owner, name, make):
-        original = getattr(owner, name)
-        setattr(owner, name, make(original))
-        self._undo.append((owner, name, original))
-
-    def undo(self):
-        for owner, name, original in reversed(self._undo):
-            setattr(owner, name, original)
-        self._undo.clear()
-
-    def _nudge(self, model):
-        """Shift every trainable weight by a small rank-dependent amount (rank 0 too): the ranks now differ."""
-        import numpy as np
-        if id(model) in self._nudged or not model.built:
-            return
-        rng = np.random.default_rng([SEED, self.rank])
-        for v in model.trainable_weights:
-            scale = NUDGE * (float(np.abs(v.numpy()).mean()) or 1.0)
-            v.assign_add(rng.normal(0, scale, v.shape).astype(v.dtype.as_numpy_dtype))
-        self._nudged.add(id(model))
-
-    def _record_data(self, x):
-        """Hash the images of the first batches that reach the training step (a tf.data pipeline is mapped)."""
-        import numpy as np
-        import tensorflow as tf
-        batches = self.rec["batches"]
-
-        def hashes(images):
-            arr = np.asarray(images)
-            return [hashlib.blake2b(a.tobytes(), digest_size=8).hexdigest() for a in arr]
-
-        if isinstance(x, tf.data.Dataset):
-            def note(images):
-                if len(batches) < FIRST_BATCHES:
-                    batches.append(hashes(images.numpy()))
-                return np.int64(0)
-
-            def record(*element):
-                images = tf.nest.flatten(element)[0]
-                done = tf.py_function(note, [images], tf.int64)
-                with tf.control_dependencies([done]):
-                    return tf.nest.map_structure(tf.identity, element if len(element) > 1 else element[0])
-
-            return x.map(record)
-        if isinstance(x, np.ndarray):  # arrays: fit shuffles them itself; what matters is which examples
-            batches.append(hashes(x[:4096]))
-        return x
-
-    def install(self):
-        import tensorflow as tf
-        rec, recorder = self.rec, self
-        model_cls = tf.keras.Model
-
-        def compile_(original):
-            def compile(model, *args, **kwargs):
-                out = original(model, *args, **kwargs)
-                opt = model.optimizer
-                rec["compile"].append({"optimizer": type(opt).__name__, "module": type(opt).__module__,
-                                       "horovod": type(opt).__module__.startswith("horovod"),
-                                       "lr": _lr_value(opt)})
-                recorder._nudge(model)
-                return out
-            return compile
-
-        class _Watch(tf.keras.callbacks.Callback):
-            """Last in the list: sees the weights and logs after the script's own callbacks (the broadcast)."""
-
-            def on_train_batch_begin(self, batch, logs=None):
-                if len(rec["lr_steps"]) < 8:
-                    rec["lr_steps"].append(_lr_value(self.model.optimizer, len(rec["lr_steps"])))
-
-            def on_train_batch_end(self, batch, logs=None):
-                if rec["checksum_first_step"] is None:
-                    rec["checksum_first_step"] = _checksum(self.model)
-
-            def on_epoch_end(self, epoch, logs=None):
-                rec["epoch_logs"].append(_floats(logs))
-
-            def on_train_end(self, logs=None):
-                rec["checksum_end"] = _checksum(self.model)
-
-        def fit_(original):
-            def fit(model, x=None, y=None, *args, **kwargs):
-                recorder._nudge(model)  # a model compiled before it was built
-                callbacks = list(kwargs.pop("callbacks", None) or [])
-                verbose = kwargs.get("verbose", "auto")
-                rec["fit"].append({"callbacks": [_describe_callback(c) for c in callbacks],
-                                   "steps_per_epoch": kwargs.get("steps_per_epoch"),
-                                   "epochs": kwargs.get("epochs", 1), "verbose": verbose})
-                x = recorder._record_data(x)
-                return original(model, x, y, *args, callbacks=[*callbacks, _Watch()], **kwargs)
-            return fit
-
-        def saver(kind):
-            def make(original):
-                def save(obj, path, *args, **kwargs):
-                    rec["saves"].append({"how": kind, "path": str(path)})
-                    return original(obj, path, *args, **kwargs)
-                return save
-            return make
-
-        self._patch(model_cls, "compile", compile_)
-        self._patch(model_cls, "fit", fit_)
-        self._patch(model_cls, "save", saver("Model.save"))
-        self._patch(model_cls, "save_weights", saver("Model.save_weights"))
-        self._patch(tf.train.Checkpoint, "save", saver("Checkpoint.save"))
-        self._patch(tf.train.Checkpoint, "write", saver("Checkpoint.write"))
-
-
-class _Timer:
-    """--timing: wall-clock and process CPU time at the end of every training batch of model.fit (with its batch index: under
-    steps_per_execution=k Keras calls the hook once per k steps), nothing else patched."""
-
-    def __init__(self):
-        self.rec = {"batch_end_s": [], "batch_cpu_s": [], "batch_index": [], "fit": []}
-        self._undo = None
-
-    def install(self):
-        import tensorflow as tf
-        rec, model_cls = self.rec, tf.keras.Model
-        original = model_cls.fit
-
-        class _Clock(tf.keras.callbacks.Callback):
-            def on_train_batch_end(self, batch, logs=None):
-                rec["batch_end_s"].append(time.perf_counter())
-                rec["batch_cpu_s"].append(time.process_time())  # all threads: work done, not time waited for a core
-                rec["batch_index"].append(batch)
-
-        def fit(model, *args, **kwargs):
-            rec["fit"].append({"steps_per_epoch": kwargs.get("steps_per_epoch"), "epochs": kwargs.get("epochs", 1),
-                               "callbacks": [type(c).__name__ for c in kwargs.get("callbacks") or []]})
-            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _Clock()]
-            return original(model, *args, **kwargs)
-
-        model_cls.fit = fit
-        self._undo = (model_cls, original)
-
-    def undo(self):
-        if self._undo:
-            self._undo[0].fit = self._undo[1]
-
-
-def _models(names: dict) -> dict:
-    """{global name: weights checksum} of the Keras models a script left in its globals (fit or custom loop)."""
-    import tensorflow as tf
-    return {k: _checksum(v) for k, v in names.items() if isinstance(v, tf.keras.Model) and v.built}
 
 
 class _Tee:
@@ -322,7 +117,38 @@ def _horovod_state() -> dict:
     import horovod.tensorflow as hvd
     if not hvd.is_initialized():
         return {"initialized": False}
-    return {"initialized": True, "hvd_rank": hvd.rank(), "hvd_size": hvd.size()}
+    return {"initialized": True, "hvd_rank": hvd.rank(), "hvd_size": hvd.size(), "hvd_local_size": hvd.local_size()}
+
+
+def _one_node_per_rank():
+    """Tell the scripts each rank has a node of its own (hvd.local_rank() 0, local_size() 1, cross_rank() the
+    rank): a cluster's layout, on which local_size() and size() differ. Horovod itself keeps the real one."""
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd_keras
+
+    def local_rank():
+        hvd_tf.rank()  # raises as the real one does before hvd.init()
+        return 0
+
+    def local_size():
+        hvd_tf.size()
+        return 1
+
+    for module in (hvd_tf, hvd_keras):
+        module.local_rank, module.local_size = local_rank, local_size
+        module.cross_rank, module.cross_size = hvd_tf.rank, hvd_tf.size
+
+
+def _join() -> int | None:
+    """hvd.join() when Horovod is up: wait until every rank has finished the script (a rank still inside a collective
+    gets an answer meanwhile); the rank that joined last, or None."""
+    if "horovod.tensorflow" not in sys.modules:
+        return None
+    import horovod.tensorflow as hvd
+    try:
+        return int(hvd.join()) if hvd.is_initialized() else None
+    except Exception:  # a script that shut Horovod down itself
+        return None
 
 
 def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool = False, first: bool = True) -> dict:
@@ -331,10 +157,11 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
     first=False: an earlier script of this process has started TensorFlow's runtime (see _allow_second_setup)."""
     rank, size = env_rank()
     src = Path(path).read_text()
-    record = {"script": str(path), "rank": rank, "size": size, "imports_horovod": imports_horovod(src)}
+    record = {"script": str(path), "rank": rank, "size": size, "imports_horovod": imports_horovod(src),
+              "calls": called_names(src), "lr_uses_local_size": lr_uses_local_size(src)}
     _reset(SEED)
     record["horovod_up_before"] = _horovod_state()["initialized"]  # an earlier script of this launch called hvd.init()
-    watcher = _Timer() if timing else _Recorder(rank)
+    watcher = Timer() if timing else Recorder(rank)
     watcher.install()
     restore_setup = (lambda: None) if first else _allow_second_setup()
     argv, cwd, stderr = sys.argv, os.getcwd(), sys.stderr
@@ -348,14 +175,13 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
         sys.path.insert(0, str(Path(path).resolve().parent))  # as `python SCRIPT` does: its folder first
         names = runpy.run_path(str(path), run_name="__main__")
         record["error"] = None
-        record["models_end"] = _models(names)
+        record["models_end"] = model_checksums(names)
     except SystemExit as stop:  # argparse's exit, or the script's own sys.exit
         code = stop.code
         record["error"] = None if code in (None, 0) else f"SystemExit({code!r})"
         record["exit_code"] = code
     except BaseException as err:  # the learner's bug: recorded, reported in one line by the checker
-        lines = traceback.format_exception_only(type(err), err)
-        record["error"] = " ".join(lines[-1].split())
+        record["error"] = error_line(err)
         record["traceback"] = traceback.format_exc()[-3000:]
     finally:
         record["stderr_tail"] = sys.stderr.text.strip().splitlines()[-5:] if isinstance(sys.stderr, _Tee) else []
@@ -367,6 +193,7 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
         restore_setup()
     record["wall_s"] = time.perf_counter() - t0
     record.update(_horovod_state())
+    record["last_joined"] = _join()
     record.update(watcher.rec)
     record["new_files"] = sorted(str(p.relative_to(workdir)) for p in set(workdir.rglob("*")) - before)
     return record
@@ -397,7 +224,9 @@ def main(argv=None) -> int:
         print("labkit.exercises.hvd_harness: give at least one --script PATH", file=sys.stderr)
         return 2
     timing = "--timing" in own
-    rank, _ = env_rank()
+    rank, size = env_rank()
+    if not timing and size > 1:
+        _one_node_per_rank()
     workroot = (out or Path.cwd()) / "work"
     records = []
     for k, (path, mine) in enumerate(scripts):
