@@ -1,0 +1,91 @@
+"""Two kinds of check in the notebooks: invariants and observations. (00_welcome)
+
+An *invariant* holds on every machine (ranks' checksums equal, FLOP counts, im2col == tf.nn.conv2d, a
+verdict): the notebooks check it with a plain `assert`. An *observation* depends on the machine (speed-ups,
+efficiencies, which kernel is faster): `observation(...)` says in one line what this machine showed, what the
+reference machine showed and the likely reason when it does not hold, and never raises in a learner's kernel.
+Where LABKIT_STRICT_OBSERVATIONS=1 (the test suite and the refresh of the committed outputs, on the
+reference machine) it raises AssertionError instead, so the committed outputs still bind the prose.
+
+    from labkit.base import observe
+    print(observe.conditions())                     # load against usable cores, one warning line if busy
+    observe.observation(two > one, "two workers beat one", here=f"{two / one:.2f}x", reference="1.51x")
+    observe.one_core("two workers share the one core: no speed-up is possible here")
+"""
+from __future__ import annotations
+
+import math
+import os
+
+STRICT_ENV = "LABKIT_STRICT_OBSERVATIONS"
+# the machine the committed outputs and the prose come from
+REFERENCE = "2 cores of an Intel Xeon, 24 GB, OpenBLAS, idle"
+BUSY_SHARE = 0.75  # load average per usable core above which timings are called noisy
+
+
+def strict() -> bool:
+    """True where observations are asserted: LABKIT_STRICT_OBSERVATIONS is 1/true/yes (the test suite sets it)."""
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _load() -> float:
+    from labkit.base import timing
+    return timing.load_average()
+
+
+def likely_reason(cores: int | None = None, load: float | None = None) -> str:
+    """Why this machine may differ from the reference one: too few cores, other programs' load, or the hardware."""
+    from labkit.base import machine
+    cores = machine.cores() if cores is None else cores
+    load = _load() if load is None else load
+    if cores < 2:
+        return "this machine has 1 usable core, the reference machine 2: parallel workers share it"
+    if math.isfinite(load) and load > BUSY_SHARE * cores:
+        return f"this machine is busy (load average {load:.1f} on {cores} cores): other programs take the cores"
+    return (f"a different CPU, BLAS or memory system ({cores} cores here): single runs of a few seconds also "
+            "vary from run to run")
+
+
+def observation(holds, what: str, here: str = "", reference: str = "", why: str | None = None) -> bool:
+    """Check an observation: True when it holds; else one printed line (this machine, the reference machine,
+    the likely reason) and False, or AssertionError where strict() (the suite on the reference machine)."""
+    if not isinstance(what, str) or not what:
+        raise ValueError(f"what must be a non-empty str naming the observation; got {what!r}")
+    if bool(holds):
+        return True
+    here_text = f"this machine showed {here}" if here else "this machine did not show it"
+    ref_text = f"the reference machine ({REFERENCE}) showed {reference}" if reference else \
+        f"the reference machine ({REFERENCE}) did"
+    line = f"Not seen on this machine: {what}. {here_text}; {ref_text}. Likely why: {why or likely_reason()}."
+    if strict():
+        raise AssertionError(line)
+    print(line)
+    return False
+
+
+def conditions(cores: int | None = None, load: float | None = None) -> str:
+    """The load average against the usable cores, with one line above it when timings will be noisy and why."""
+    from labkit.base import machine
+    cores = machine.cores() if cores is None else cores
+    load = _load() if load is None else load
+    if not math.isfinite(load):
+        return f"{cores} usable cores; no load average on this system (timings may be noisy if other programs run)"
+    line = f"load average {load:.2f} (1 min) on {cores} usable core{'s' if cores != 1 else ''}"
+    if load > BUSY_SHARE * cores:
+        warn = (f"This machine is busy: other programs kept about {load:.1f} cores busy of the {cores} this "
+                "notebook may use, so the timings below will be noisy and slower than the reference machine's "
+                "(each run shares the cores with them).")
+        return f"{warn}\n{line}"
+    return f"{line}: quiet enough for the timings below"
+
+
+def one_core(what: str, cores: int | None = None) -> bool:
+    """On 1 usable core print what the lesson can and cannot show here and where to go; True when it printed."""
+    from labkit.base import machine
+    cores = machine.cores() if cores is None else cores
+    if cores > 1:
+        return False
+    print(f"This machine gives this notebook 1 core: {what}. What still holds here: the workers stay in sync and "
+          "the exchange's cost is measured. For the speed-up itself, run this notebook on a machine with 2 or "
+          "more cores, or on the virtual cluster of 07 (scripts/vcluster.sh).")
+    return True

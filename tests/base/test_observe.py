@@ -1,0 +1,61 @@
+"""labkit.base.observe: observations print in a learner's kernel and raise in the suite; the load is said."""
+import pytest
+
+from labkit.base import observe
+
+
+def test_an_observation_that_holds_says_nothing(monkeypatch, capsys):
+    monkeypatch.setenv(observe.STRICT_ENV, "0")
+    assert observe.observation(True, "two workers beat one", "1.5x", "1.51x") is True
+    assert capsys.readouterr().out == ""
+
+
+def test_in_a_learners_kernel_it_prints_one_line_and_never_raises(monkeypatch, capsys):
+    monkeypatch.setenv(observe.STRICT_ENV, "0")
+    held = observe.observation(False, "two workers beat one", here="0.93x one worker", reference="1.51x",
+                               why="1 usable core")
+    out = capsys.readouterr().out
+    assert held is False and out.count("\n") == 1
+    assert "two workers beat one" in out and "0.93x one worker" in out and "1.51x" in out
+    assert observe.REFERENCE in out and "Likely why: 1 usable core" in out
+
+
+@pytest.mark.parametrize("value", ["1", "true", "YES"])
+def test_in_the_suite_it_raises(monkeypatch, value):
+    monkeypatch.setenv(observe.STRICT_ENV, value)
+    with pytest.raises(AssertionError, match="two workers beat one.*0.93x"):
+        observe.observation(False, "two workers beat one", here="0.93x")
+
+
+def test_the_suite_sets_strict_for_notebook_kernels():
+    import os
+    assert os.environ.get(observe.STRICT_ENV) == "1", "tests/conftest.py sets it before nbval starts kernels"
+
+
+def test_likely_reason_names_cores_then_load():
+    assert "1 usable core" in observe.likely_reason(cores=1, load=0.0)
+    assert "busy (load average 3.0 on 2 cores)" in observe.likely_reason(cores=2, load=3.0)
+    assert "different CPU" in observe.likely_reason(cores=2, load=0.2)
+
+
+def test_conditions_warns_above_the_usable_cores():
+    quiet = observe.conditions(cores=2, load=0.4)
+    assert quiet.count("\n") == 0 and "load average 0.40 (1 min) on 2 usable cores" in quiet
+    busy = observe.conditions(cores=2, load=2.5)
+    warn, line = busy.split("\n")
+    assert "busy" in warn and "noisy" in warn and line.startswith("load average 2.50 (1 min) on 2 usable cores")
+    assert "1 usable core" in observe.conditions(cores=1, load=0.0)
+    assert "no load average" in observe.conditions(cores=2, load=float("nan"))
+
+
+def test_one_core_prints_only_on_one_core(capsys):
+    assert observe.one_core("two workers share the core", cores=2) is False
+    assert capsys.readouterr().out == ""
+    assert observe.one_core("two workers share the core", cores=1) is True
+    out = capsys.readouterr().out
+    assert "1 core: two workers share the core" in out and "2 or more cores" in out
+
+
+def test_what_is_checked():
+    with pytest.raises(ValueError, match="^what must be"):
+        observe.observation(False, "")
