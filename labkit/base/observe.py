@@ -8,9 +8,9 @@ Where LABKIT_STRICT_OBSERVATIONS=1 (the test suite and the refresh of the commit
 reference machine) it raises AssertionError instead, so the committed outputs still bind the prose.
 
     from labkit.base import observe
-    print(observe.conditions())                     # load against usable cores, one warning line if busy
+    observe.say_if_busy()                           # one line when other programs keep the cores busy
     observe.observation(two > one, "two workers beat one", here=f"{two / one:.2f}x", reference="1.51x")
-    observe.one_core("two workers share the one core: no speed-up is possible here")
+    observe.one_core("two workers must share it", "the workers stay in sync")   # printed on 1 core only
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import os
 
 STRICT_ENV = "LABKIT_STRICT_OBSERVATIONS"
 # the machine the committed outputs and the prose come from
-REFERENCE = "2 cores of an Intel Xeon, 24 GB, OpenBLAS, idle"
+REFERENCE = "2 cores, 24 GB, no GPU, idle"
 BUSY_SHARE = 0.75  # load average per usable core above which timings are called noisy
 
 
@@ -63,29 +63,47 @@ def observation(holds, what: str, here: str = "", reference: str = "", why: str 
     return False
 
 
+def busy_line(cores: int | None = None, load: float | None = None) -> str:
+    """One line saying the timings will be noisy and why, when the load average is above 3/4 of the usable
+    cores; '' on a quiet machine."""
+    from labkit.base import machine
+    cores = machine.cores() if cores is None else cores
+    load = _load() if load is None else load
+    if not math.isfinite(load) or load <= BUSY_SHARE * cores:
+        return ""
+    return (f"This machine is busy: other programs kept about {load:.1f} cores busy of the {cores} this notebook "
+            "may use, so the timings below will be noisy and slower than the reference machine's (each run "
+            "shares the cores with them).")
+
+
+def say_if_busy() -> bool:
+    """Print busy_line() when the machine is busy (a measuring notebook's first cell); True when it printed."""
+    line = busy_line()
+    if line:
+        print(line)
+    return bool(line)
+
+
 def conditions(cores: int | None = None, load: float | None = None) -> str:
-    """The load average against the usable cores, with one line above it when timings will be noisy and why."""
+    """The load average against the usable cores, with busy_line() above it when timings will be noisy."""
     from labkit.base import machine
     cores = machine.cores() if cores is None else cores
     load = _load() if load is None else load
     if not math.isfinite(load):
         return f"{cores} usable cores; no load average on this system (timings may be noisy if other programs run)"
     line = f"load average {load:.2f} (1 min) on {cores} usable core{'s' if cores != 1 else ''}"
-    if load > BUSY_SHARE * cores:
-        warn = (f"This machine is busy: other programs kept about {load:.1f} cores busy of the {cores} this "
-                "notebook may use, so the timings below will be noisy and slower than the reference machine's "
-                "(each run shares the cores with them).")
-        return f"{warn}\n{line}"
-    return f"{line}: quiet enough for the timings below"
+    warn = busy_line(cores, load)
+    return f"{warn}\n{line}" if warn else f"{line}: quiet enough for the timings below"
 
 
-def one_core(what: str, cores: int | None = None) -> bool:
-    """On 1 usable core print what the lesson can and cannot show here and where to go; True when it printed."""
+def one_core(what: str, still: str, cores: int | None = None) -> bool:
+    """On 1 usable core print what the lesson cannot show here, what still holds and where to go; True when
+    it printed, False (and nothing printed) on 2 or more cores."""
     from labkit.base import machine
     cores = machine.cores() if cores is None else cores
     if cores > 1:
         return False
-    print(f"This machine gives this notebook 1 core: {what}. What still holds here: the workers stay in sync and "
-          "the exchange's cost is measured. For the speed-up itself, run this notebook on a machine with 2 or "
-          "more cores, or on the virtual cluster of 07 (scripts/vcluster.sh).")
+    print(f"This machine gives this notebook 1 core: {what}. What still holds here: {still}. For the speed-up "
+          "itself, run this notebook on a machine with 2 or more cores, or on the virtual cluster of the deep "
+          "dive (2-4 nodes, scripts/vcluster.sh).")
     return True

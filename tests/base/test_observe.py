@@ -49,11 +49,22 @@ def test_conditions_warns_above_the_usable_cores():
 
 
 def test_one_core_prints_only_on_one_core(capsys):
-    assert observe.one_core("two workers share the core", cores=2) is False
+    assert observe.one_core("two workers share the core", "sync", cores=2) is False
     assert capsys.readouterr().out == ""
-    assert observe.one_core("two workers share the core", cores=1) is True
+    assert observe.one_core("two workers share the core", "the workers stay in sync", cores=1) is True
     out = capsys.readouterr().out
-    assert "1 core: two workers share the core" in out and "2 or more cores" in out
+    assert "1 core: two workers share the core" in out and "still holds here: the workers stay in sync" in out
+    assert "2 or more cores" in out and out.count("\n") == 1
+
+
+def test_say_if_busy(monkeypatch, capsys):
+    from labkit.base import machine, timing
+    monkeypatch.setenv("LABKIT_CORES", "2")
+    monkeypatch.setattr(timing, "load_average", lambda: 1.4)
+    assert observe.say_if_busy() is False and capsys.readouterr().out == ""
+    monkeypatch.setattr(timing, "load_average", lambda: 1.6)
+    assert observe.say_if_busy() is True and "noisy" in capsys.readouterr().out
+    assert machine.cores() == 2
 
 
 def test_what_is_checked():
