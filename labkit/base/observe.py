@@ -46,13 +46,14 @@ def likely_reason(cores: int | None = None, load: float | None = None) -> str:
             "vary from run to run")
 
 
-def observation(holds, what: str, here: str = "", reference: str = "", why: str | None = None) -> bool:
-    """Check an observation: True when it holds; else one printed line (this machine, the reference machine,
-    the likely reason) and False, or AssertionError where strict() (the suite on the reference machine)."""
+def observation(holds, what: str, here: str = "", reference: str = "", why: str | None = None) -> None:
+    """Check an observation: silent when it holds; else one printed line (this machine, the reference machine,
+    the likely reason), or AssertionError where strict() (the suite on the reference machine). Returns None, so
+    a notebook cell that ends with it shows nothing more."""
     if not isinstance(what, str) or not what:
         raise ValueError(f"what must be a non-empty str naming the observation; got {what!r}")
     if bool(holds):
-        return True
+        return None
     here_text = f"this machine showed {here}" if here else "this machine did not show it"
     ref_text = f"the reference machine ({REFERENCE}) showed {reference}" if reference else \
         f"the reference machine ({REFERENCE}) did"
@@ -60,7 +61,7 @@ def observation(holds, what: str, here: str = "", reference: str = "", why: str 
     if strict():
         raise AssertionError(line)
     print(line)
-    return False
+    return None
 
 
 def busy_line(cores: int | None = None, load: float | None = None) -> str:
@@ -71,17 +72,16 @@ def busy_line(cores: int | None = None, load: float | None = None) -> str:
     load = _load() if load is None else load
     if not math.isfinite(load) or load <= BUSY_SHARE * cores:
         return ""
-    return (f"This machine is busy: other programs kept about {load:.1f} cores busy of the {cores} this notebook "
-            "may use, so the timings below will be noisy and slower than the reference machine's (each run "
-            "shares the cores with them).")
+    return (f"This machine is busy: load average {load:.1f} against {cores} usable core{'s' * (cores != 1)}. Other "
+            "programs compete for the cores, so the timings below will be noisy and slower than the reference "
+            "machine's.")
 
 
-def say_if_busy() -> bool:
-    """Print busy_line() when the machine is busy (a measuring notebook's first cell); True when it printed."""
+def say_if_busy() -> None:
+    """Print busy_line() when the machine is busy (a measuring notebook's first cell); nothing when quiet."""
     line = busy_line()
     if line:
         print(line)
-    return bool(line)
 
 
 def conditions(cores: int | None = None, load: float | None = None) -> str:
@@ -96,14 +96,13 @@ def conditions(cores: int | None = None, load: float | None = None) -> str:
     return f"{warn}\n{line}" if warn else f"{line}: quiet enough for the timings below"
 
 
-def one_core(what: str, still: str, cores: int | None = None) -> bool:
-    """On 1 usable core print what the lesson cannot show here, what still holds and where to go; True when
-    it printed, False (and nothing printed) on 2 or more cores."""
+def one_core(what: str, still: str, cores: int | None = None) -> None:
+    """On 1 usable core print what the lesson cannot show here, what still holds and where to go; nothing on
+    2 or more cores."""
     from labkit.base import machine
     cores = machine.cores() if cores is None else cores
     if cores > 1:
-        return False
+        return
     print(f"This machine gives this notebook 1 core: {what}. What still holds here: {still}. For the speed-up "
           "itself, run this notebook on a machine with 2 or more cores, or on the virtual cluster of the deep "
           "dive (2-4 nodes, scripts/vcluster.sh).")
-    return True
