@@ -4,6 +4,8 @@
     .venv/bin/python scripts/binder_box.py notebooks/00_welcome.ipynb --profile quick
     .venv/bin/python scripts/binder_box.py --write                      # the final refresh: outputs written back
     .venv/bin/python scripts/binder_box.py --alloc-test 3               # proves the limit bites: 3 GiB -> killed
+    sudo .venv/bin/python scripts/binder_box.py --cpus 1                # a 1-CPU Binder session
+    sudo .venv/bin/python scripts/binder_box.py --busy 1                # 2 CPUs, one kept busy by another program
 
 The box is a Linux control group (cgroup v1 memory + cpuset, or v2 memory.max + cpuset.cpus), which needs
 root. This process moves itself into the group, so the notebook kernel it starts (and every child, such as
@@ -190,6 +192,26 @@ class Box:
         return 0
 
 
+def start_hogs(box: Box, count: int) -> list:
+    """`count` busy processes in the box, each spinning on one of its CPUs (the last ones): the other
+    programs of a shared machine. The caller stops them (stop_hogs); closing the box kills them too."""
+    hogs = []
+    for i in range(count):
+        def pin(i=i):  # in the child: into the box, whose cpuset now bounds its CPUs, then onto one of them
+            box.enter()
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpus[-1 - i % len(cpus)]})
+
+        hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin))
+    return hogs
+
+
+def stop_hogs(hogs: list) -> None:
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
 def alloc_test(box: Box, gib: float) -> int:
     """Start a child in the box that touches `gib` GiB; return its exit status (137 = OOM-killed)."""
     code = (f"import sys; b = bytearray({int(gib * GiB)}); b[::4096] = b'x' * len(b[::4096]); "
@@ -204,6 +226,8 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     parser.add_argument("--memory", default="2G", help="memory limit (default 2G, Binder's)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs in the box (default 2)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="N of the box's CPUs kept busy by a spinning process, as on a shared machine (default 0)")
     parser.add_argument("--profile", default=None,
                         help="LABKIT_PROFILE for the kernels (default: $LABKIT_PROFILE or workshop)")
     parser.add_argument("--write", action="store_true", help="write the executed notebooks back (final refresh)")
@@ -213,6 +237,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         memory = _parse_size(args.memory)
+        if not 0 <= args.busy <= args.cpus:
+            raise ValueError(f"busy: expected 0 to --cpus ({args.cpus}) busy CPUs, got {args.busy}")
         box = Box(memory, args.cpus)
     except (ValueError, RuntimeError) as err:
         print(f"binder_box: {err}", file=sys.stderr)
@@ -226,39 +252,50 @@ def main(argv=None) -> int:
     with box:
         print(f"box: {memory / GiB:.2f} GiB memory, {args.cpus} CPUs, cgroup {'v1' if box.v1 else 'v2'} "
               f"({box.name})", flush=True)
-        if args.alloc_test is not None:
-            rc = alloc_test(box, args.alloc_test)
-            print(f"allocating {args.alloc_test:g} GiB in the box: exit {rc}"
-                  f"{' (OOM-killed)' if rc == 137 else ''}, OOM kills counted {box.oom_kills()}")
-            return 0 if (rc == 137) == (args.alloc_test * GiB > memory) else 1
-        if args.profile:
-            os.environ["LABKIT_PROFILE"] = args.profile
-        os.environ.setdefault("LABKIT_PROFILE", "workshop")
-        sys.path.insert(0, str(HERE / "scripts"))
-        from refresh_notebooks import run_notebook  # the one notebook executor
+        hogs = start_hogs(box, args.busy)
+        try:
+            if hogs:
+                print(f"busy: {len(hogs)} spinning process(es), pid {' '.join(str(h.pid) for h in hogs)}", flush=True)
+            return _in_box(box, args, memory)
+        finally:
+            stop_hogs(hogs)
 
-        box.enter()
-        paths = args.notebooks or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
-        print(f"profile: {os.environ['LABKIT_PROFILE']}  write: {'yes' if args.write else 'no'}")
-        print(f"{'notebook':<28} {'wall time':>10} {'box peak':>10} {'peak RSS':>10} {'peak PSS':>10}", flush=True)
-        failed = []
-        for path in paths:
-            box.reset_peak()
-            kills = box.oom_kills()
-            try:
-                elapsed, rss, pss = run_notebook(path, write=args.write, timeout=args.timeout)
-            except Exception as err:
-                failed.append(path.name)
-                oom = box.oom_kills() > kills
-                what = ("OOM-killed past the box's limit" if oom else
-                        f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}")
-                peak = box.peak()
-                print(f"{path.name:<28} FAILED ({what}); box peak {peak / 2**20:.0f} MiB" if peak else
-                      f"{path.name:<28} FAILED ({what})", flush=True)
-                continue
+
+def _in_box(box: Box, args, memory: int) -> int:
+    """What main does inside the box: the allocation test, or every notebook with its wall time and peaks."""
+    if args.alloc_test is not None:
+        rc = alloc_test(box, args.alloc_test)
+        print(f"allocating {args.alloc_test:g} GiB in the box: exit {rc}"
+              f"{' (OOM-killed)' if rc == 137 else ''}, OOM kills counted {box.oom_kills()}")
+        return 0 if (rc == 137) == (args.alloc_test * GiB > memory) else 1
+    if args.profile:
+        os.environ["LABKIT_PROFILE"] = args.profile
+    os.environ.setdefault("LABKIT_PROFILE", "workshop")
+    sys.path.insert(0, str(HERE / "scripts"))
+    from refresh_notebooks import run_notebook  # the one notebook executor
+
+    box.enter()
+    paths = args.notebooks or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
+    print(f"profile: {os.environ['LABKIT_PROFILE']}  write: {'yes' if args.write else 'no'}")
+    print(f"{'notebook':<28} {'wall time':>10} {'box peak':>10} {'peak RSS':>10} {'peak PSS':>10}", flush=True)
+    failed = []
+    for path in paths:
+        box.reset_peak()
+        kills = box.oom_kills()
+        try:
+            elapsed, rss, pss = run_notebook(path, write=args.write, timeout=args.timeout)
+        except Exception as err:
+            failed.append(path.name)
+            oom = box.oom_kills() > kills
+            what = ("OOM-killed past the box's limit" if oom else
+                    f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}")
             peak = box.peak()
-            print(f"{path.name:<28} {elapsed:>8.1f} s {(peak or 0) / 2**20:>6.0f} MiB "
-                  f"{rss / 2**20:>6.0f} MiB {pss / 2**20:>6.0f} MiB", flush=True)
+            print(f"{path.name:<28} FAILED ({what}); box peak {peak / 2**20:.0f} MiB" if peak else
+                  f"{path.name:<28} FAILED ({what})", flush=True)
+            continue
+        peak = box.peak()
+        print(f"{path.name:<28} {elapsed:>8.1f} s {(peak or 0) / 2**20:>6.0f} MiB "
+              f"{rss / 2**20:>6.0f} MiB {pss / 2**20:>6.0f} MiB", flush=True)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -149,7 +149,7 @@ class MeasuredGPU:
     training: tuple  # Measurement rows
     im2col_vs_cudnn: tuple  # (precision, slowest, fastest) speed of explicit im2col over cuDNN's, per layer
     im2col_layers: str  # what the im2col comparison ran on
-    gemm_at_cudnn_rate: int | None  # of those layers, how many the bare matmul ran at cuDNN's speed (None: not recorded)
+    gemm_at_cudnn_rate: int | None  # of those layers, how many the bare matmul ran at cuDNN's speed (None: unrecorded)
     source: str
 
     def gemm_flops(self, precision: str) -> float:
