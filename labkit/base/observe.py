@@ -18,6 +18,7 @@ import math
 import os
 
 STRICT_ENV = "LABKIT_STRICT_OBSERVATIONS"
+LOG_ENV = "LABKIT_OBSERVATIONS_LOG"  # a file: each observation that did not hold is appended to it, one line
 # the machine the committed outputs and the prose come from
 REFERENCE = "2 cores, 24 GB, no GPU, idle"
 BUSY_SHARE = 0.75  # load average per usable core above which timings are called noisy
@@ -54,13 +55,16 @@ def observation(holds, what: str, here: str = "", reference: str = "", why: str 
         raise ValueError(f"what must be a non-empty str naming the observation; got {what!r}")
     if bool(holds):
         return None
-    here_text = f"this machine showed {here}" if here else "this machine did not show it"
-    ref_text = f"the reference machine ({REFERENCE}) showed {reference}" if reference else \
-        f"the reference machine ({REFERENCE}) did"
-    line = f"Not seen on this machine: {what}. {here_text}; {ref_text}. Likely why: {why or likely_reason()}."
+    shown = [f"here: {here}" if here else "", f"the reference machine ({REFERENCE}): {reference}" if reference else ""]
+    shown = "; ".join(s for s in shown if s)
+    line = f"Not seen on this machine: {what}{f' ({shown})' if shown else ''}. Likely why: {why or likely_reason()}."
     if strict():
         raise AssertionError(line)
     print(line)
+    log = os.environ.get(LOG_ENV, "").strip()
+    if log:  # scripts/binder_box.py counts them per notebook and machine shape
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
     return None
 
 

@@ -72,3 +72,15 @@ def test_say_if_busy(monkeypatch, capsys):
 def test_what_is_checked():
     with pytest.raises(ValueError, match="^what must be"):
         observe.observation(False, "")
+
+
+def test_observations_that_did_not_hold_are_logged_where_asked(monkeypatch, tmp_path, capsys):
+    log = tmp_path / "seen.txt"
+    monkeypatch.setenv(observe.STRICT_ENV, "0")
+    monkeypatch.setenv(observe.LOG_ENV, str(log))
+    observe.observation(True, "holds")
+    observe.observation(False, "two workers beat one", here="0.9x")
+    observe.observation(False, "the loops are slower", here="50x")
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2 and "two workers beat one" in lines[0] and "the loops are slower" in lines[1]
+    assert capsys.readouterr().out.splitlines() == lines

@@ -99,3 +99,20 @@ def test_04_runs_through_on_one_cpu():
     row = next(line for line in out.stdout.splitlines() if line.startswith("04_horovod_scaling"))
     assert 0 < float(row.split()[3]) < 2048, row
     assert _left_behind(_box_name(out.stdout)) == []
+
+
+@needs_box
+def test_shapes_table_counts_the_observations_that_did_not_hold(tmp_path):
+    """--shapes: one fresh box per shape, one table; a notebook's observation that does not hold is counted."""
+    import nbformat
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from labkit.base import observe, machine\n"
+        "observe.observation(machine.cores() > 1, 'two cores here', here=f'{machine.cores()} core(s)', reference='2')")])
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(nb, path)
+    out = _run(str(path), "--shapes", "--profile", "quick", timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    table = out.stdout.split("\n\n")[-1].splitlines()
+    rows = {line[28:48].strip(): line.split()[-1] for line in table[1:]}
+    assert rows == {"1 CPU": "1", "2 CPUs (reference)": "0", "2 CPUs, 1 busy": "0"}, out.stdout
+    assert "Not seen on this machine: two cores here (here: 1 core(s); the reference machine" in out.stdout
