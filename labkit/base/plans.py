@@ -120,10 +120,15 @@ def sweep_workers(profile: str | None = None, m: Machine | None = None) -> list:
     return [1, 2]
 
 
+def _slowdown(busy: float, m: Machine) -> float:
+    """How much longer work takes when `busy` cores' worth of it, plus the load of other programs, share m's cores."""
+    return max(1.0, (busy + m.load) / m.cores)
+
+
 def _launch_s(workers: int, m: Machine, profile: str, work_s: float) -> float:
-    """Seconds of one launch of `workers` processes: start-up and work, slowed when they outnumber free cores."""
-    share = max(1.0, workers / max(1.0, m.cores - m.load))
-    return (START_CPU_S + work_s) * share
+    """Seconds of one launch of `workers` processes: start-up and work, slowed when they and the machine's
+    load outnumber its cores."""
+    return (START_CPU_S + work_s) * _slowdown(workers, m)
 
 
 def experiments(profile: str | None = None, m: Machine | None = None) -> list:
@@ -137,7 +142,8 @@ def experiments(profile: str | None = None, m: Machine | None = None) -> list:
     shared = " (2 workers share 1 core: no speed-up here)" if m.cores == 1 else ""
     rounds = {"quick": 0, "workshop": 2, "full": 3}[profile]
     out = [Experiment("02_im2col", "im2col timings and the chunk sweep (in the kernel)", (1,), 0, 1,
-                      KERNEL_BYTES + 300 * MiB, {"quick": 0.3, "workshop": 0.5, "full": 2.0}[profile],
+                      KERNEL_BYTES + 300 * MiB,
+                      {"quick": 0.3, "workshop": 0.5, "full": 2.0}[profile] * _slowdown(m.cores, m),
                       f"BLAS on {m.cores} thread{'s' * (m.cores > 1)}"),
            Experiment("04_horovod_scaling", "where the time goes: GEMM probe + training, per worker count",
                       tuple(counts), 2 * len(counts), max(counts),

@@ -115,3 +115,13 @@ def test_decompose_plans_by_default(monkeypatch):
     with pytest.raises(Stop):
         localscale.decompose(progress=False)
     assert seen == [1, 2, 8]
+
+
+def test_minutes_grow_with_the_load_and_with_workers_sharing_a_core():
+    quiet, busy = Machine(2, 8 * GiB), Machine(2, 8 * GiB, load=20.0)
+    for q, b in zip(plans.experiments("workshop", quiet), plans.experiments("workshop", busy)):
+        assert b.minutes > 5 * q.minutes, (q, b)  # 20 other programs on 2 cores: each launch gets ~1/11 of them
+    one, two = plans.experiments("workshop", Machine(1, 8 * GiB)), plans.experiments("workshop", quiet)
+    sync = [e for e in one + two if e.name.startswith("sync run")]
+    # two workers on one core take twice the time of two workers on two (the start-up included)
+    assert sync[0].minutes == pytest.approx(2 * sync[1].minutes)
