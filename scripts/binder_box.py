@@ -4,6 +4,12 @@
     .venv/bin/python scripts/binder_box.py notebooks/00_welcome.ipynb --profile quick
     .venv/bin/python scripts/binder_box.py --write                      # the final refresh: outputs written back
     .venv/bin/python scripts/binder_box.py --alloc-test 3               # proves the limit bites: 3 GiB -> killed
+    sudo .venv/bin/python scripts/binder_box.py --cpus 1                # a 1-CPU Binder session
+    sudo .venv/bin/python scripts/binder_box.py --busy 1                # 2 CPUs, one kept busy by another program
+    sudo .venv/bin/python scripts/binder_box.py --shapes                # every notebook in each shape: one table
+
+Each notebook's row counts the observations that did not hold there (labkit.base.observe: speeds and
+accuracies that differ from the reference machine's, printed as one line each in the notebook).
 
 The box is a Linux control group (cgroup v1 memory + cpuset, or v2 memory.max + cpuset.cpus), which needs
 root. This process moves itself into the group, so the notebook kernel it starts (and every child, such as
@@ -19,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -190,6 +198,26 @@ class Box:
         return 0
 
 
+def start_hogs(box: Box, count: int) -> list:
+    """`count` busy processes in the box, each spinning on one of its CPUs (the last ones): the other
+    programs of a shared machine. The caller stops them (stop_hogs); closing the box kills them too."""
+    hogs = []
+    for i in range(count):
+        def pin(i=i):  # in the child: into the box, whose cpuset now bounds its CPUs, then onto one of them
+            box.enter()
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpus[-1 - i % len(cpus)]})
+
+        hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin))
+    return hogs
+
+
+def stop_hogs(hogs: list) -> None:
+    for hog in hogs:
+        hog.kill()
+        hog.wait()
+
+
 def alloc_test(box: Box, gib: float) -> int:
     """Start a child in the box that touches `gib` GiB; return its exit status (137 = OOM-killed)."""
     code = (f"import sys; b = bytearray({int(gib * GiB)}); b[::4096] = b'x' * len(b[::4096]); "
@@ -204,15 +232,21 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     parser.add_argument("--memory", default="2G", help="memory limit (default 2G, Binder's)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs in the box (default 2)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="N of the box's CPUs kept busy by a spinning process, as on a shared machine (default 0)")
     parser.add_argument("--profile", default=None,
                         help="LABKIT_PROFILE for the kernels (default: $LABKIT_PROFILE or workshop)")
     parser.add_argument("--write", action="store_true", help="write the executed notebooks back (final refresh)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")
+    parser.add_argument("--shapes", action="store_true",
+                        help="run the notebooks in each of SHAPES (a fresh box each) and print one table")
     parser.add_argument("--alloc-test", type=float, metavar="GIB",
                         help="only check that the limit bites: a child allocates GIB GiB in the box")
     args = parser.parse_args(argv)
     try:
         memory = _parse_size(args.memory)
+        if not 0 <= args.busy <= args.cpus:
+            raise ValueError(f"busy: expected 0 to --cpus ({args.cpus}) busy CPUs, got {args.busy}")
         box = Box(memory, args.cpus)
     except (ValueError, RuntimeError) as err:
         print(f"binder_box: {err}", file=sys.stderr)
@@ -221,44 +255,96 @@ def main(argv=None) -> int:
     if missing:
         print(f"binder_box: notebooks: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    if args.shapes:
+        return shapes_table(args)
     # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so the box's cgroup is removed on that path too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with box:
         print(f"box: {memory / GiB:.2f} GiB memory, {args.cpus} CPUs, cgroup {'v1' if box.v1 else 'v2'} "
               f"({box.name})", flush=True)
-        if args.alloc_test is not None:
-            rc = alloc_test(box, args.alloc_test)
-            print(f"allocating {args.alloc_test:g} GiB in the box: exit {rc}"
-                  f"{' (OOM-killed)' if rc == 137 else ''}, OOM kills counted {box.oom_kills()}")
-            return 0 if (rc == 137) == (args.alloc_test * GiB > memory) else 1
-        if args.profile:
-            os.environ["LABKIT_PROFILE"] = args.profile
-        os.environ.setdefault("LABKIT_PROFILE", "workshop")
-        sys.path.insert(0, str(HERE / "scripts"))
-        from refresh_notebooks import run_notebook  # the one notebook executor
+        hogs = start_hogs(box, args.busy)
+        try:
+            if hogs:
+                print(f"busy: {len(hogs)} spinning process(es), pid {' '.join(str(h.pid) for h in hogs)}", flush=True)
+            return _in_box(box, args, memory)
+        finally:
+            stop_hogs(hogs)
 
-        box.enter()
-        paths = args.notebooks or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
-        print(f"profile: {os.environ['LABKIT_PROFILE']}  write: {'yes' if args.write else 'no'}")
-        print(f"{'notebook':<28} {'wall time':>10} {'box peak':>10} {'peak RSS':>10} {'peak PSS':>10}", flush=True)
-        failed = []
-        for path in paths:
-            box.reset_peak()
-            kills = box.oom_kills()
-            try:
-                elapsed, rss, pss = run_notebook(path, write=args.write, timeout=args.timeout)
-            except Exception as err:
-                failed.append(path.name)
-                oom = box.oom_kills() > kills
-                what = ("OOM-killed past the box's limit" if oom else
-                        f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}")
-                peak = box.peak()
-                print(f"{path.name:<28} FAILED ({what}); box peak {peak / 2**20:.0f} MiB" if peak else
-                      f"{path.name:<28} FAILED ({what})", flush=True)
-                continue
+
+# the machine shapes a learner brings (issue text: a 1-CPU Binder session, a 2-CPU laptop with a busy core),
+# beside the reference shape: (label, CPUs, of them busy)
+SHAPES = (("2 CPUs (reference)", 2, 0), ("1 CPU", 1, 0), ("2 CPUs, 1 busy", 2, 1))
+
+
+def shapes_table(args) -> int:
+    """Run the notebooks once per shape (each in a fresh box of --memory, observations printed, not asserted)
+    and print one table: notebook x shape -> wall time, box peak, observations that did not hold."""
+    rows, failed = [], False
+    for label, cpus, busy in SHAPES:
+        cmd = [sys.executable, str(Path(__file__).resolve()), *map(str, args.notebooks), "--memory", args.memory,
+               "--cpus", str(cpus), "--busy", str(busy), "--timeout", str(args.timeout)]
+        if args.profile:
+            cmd += ["--profile", args.profile]
+        env = {**os.environ, "LABKIT_STRICT_OBSERVATIONS": "0"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        print(done.stdout, end="", flush=True)
+        failed |= done.returncode != 0
+        for line in done.stdout.splitlines():
+            parts = line.split()
+            if parts and parts[0].endswith(".ipynb"):
+                ok = parts[1] != "FAILED"
+                rows.append((parts[0], label, f"{parts[1]} s" if ok else "FAILED", f"{parts[3]} MiB" if ok else "",
+                             parts[-1] if ok else ""))
+    print(f"\n{'notebook':<28} {'shape':<20} {'wall time':>10} {'box peak':>10} {'not held':>9}")
+    for name, label, wall, peak, not_held in sorted(rows):
+        print(f"{name:<28} {label:<20} {wall:>10} {peak:>10} {not_held:>9}")
+    return 1 if failed else 0
+
+
+def _in_box(box: Box, args, memory: int) -> int:
+    """What main does inside the box: the allocation test, or every notebook with its wall time and peaks."""
+    if args.alloc_test is not None:
+        rc = alloc_test(box, args.alloc_test)
+        print(f"allocating {args.alloc_test:g} GiB in the box: exit {rc}"
+              f"{' (OOM-killed)' if rc == 137 else ''}, OOM kills counted {box.oom_kills()}")
+        return 0 if (rc == 137) == (args.alloc_test * GiB > memory) else 1
+    if args.profile:
+        os.environ["LABKIT_PROFILE"] = args.profile
+    os.environ.setdefault("LABKIT_PROFILE", "workshop")
+    sys.path.insert(0, str(HERE / "scripts"))
+    from refresh_notebooks import run_notebook  # the one notebook executor
+
+    box.enter()
+    paths = args.notebooks or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
+    print(f"profile: {os.environ['LABKIT_PROFILE']}  write: {'yes' if args.write else 'no'}")
+    print(f"{'notebook':<28} {'wall time':>10} {'box peak':>10} {'peak RSS':>10} {'peak PSS':>10} {'not held':>9}",
+          flush=True)
+    failed = []
+    logs = Path(tempfile.mkdtemp(prefix="labkit-box-observations-"))
+    for path in paths:
+        box.reset_peak()
+        kills = box.oom_kills()
+        log = logs / f"{path.stem}.txt"
+        os.environ["LABKIT_OBSERVATIONS_LOG"] = str(log)  # the kernel inherits it: observe appends what did not hold
+        try:
+            elapsed, rss, pss = run_notebook(path, write=args.write, timeout=args.timeout)
+        except Exception as err:
+            failed.append(path.name)
+            oom = box.oom_kills() > kills
+            what = ("OOM-killed past the box's limit" if oom else
+                    f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}")
             peak = box.peak()
-            print(f"{path.name:<28} {elapsed:>8.1f} s {(peak or 0) / 2**20:>6.0f} MiB "
-                  f"{rss / 2**20:>6.0f} MiB {pss / 2**20:>6.0f} MiB", flush=True)
+            print(f"{path.name:<28} FAILED ({what}); box peak {peak / 2**20:.0f} MiB" if peak else
+                  f"{path.name:<28} FAILED ({what})", flush=True)
+            continue
+        peak = box.peak()
+        not_held = len(log.read_text().splitlines()) if log.exists() else 0
+        print(f"{path.name:<28} {elapsed:>8.1f} s {(peak or 0) / 2**20:>6.0f} MiB "
+              f"{rss / 2**20:>6.0f} MiB {pss / 2**20:>6.0f} MiB {not_held:>9}", flush=True)
+        for line in (log.read_text().splitlines() if log.exists() else []):
+            print(f"    {line}", flush=True)
+    shutil.rmtree(logs, ignore_errors=True)
+    os.environ.pop("LABKIT_OBSERVATIONS_LOG", None)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

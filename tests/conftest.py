@@ -9,6 +9,10 @@ import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before any test imports 
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
+# Observations (labkit.base.observe) are asserted in the suite, not only printed: set at import time, so the
+# notebook kernels nbval starts inherit it. LABKIT_STRICT_OBSERVATIONS=0 turns it off (another machine shape).
+os.environ.setdefault("LABKIT_STRICT_OBSERVATIONS", "1")
+
 
 @pytest.fixture
 def repo_root() -> Path:

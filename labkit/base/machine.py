@@ -1,7 +1,8 @@
 """The one home of machine facts: usable cores, thread limits, numpy's BLAS, TensorFlow's oneDNN switch.
 
     from labkit.base import machine
-    machine.cores()              # CPU cores this process may use (affinity mask and cgroup quota)
+    machine.cores()              # CPU cores this process may use (affinity mask and cgroup quota; LABKIT_CORES)
+    machine.memory()             # bytes of memory it may use (RAM, cgroup limit; LABKIT_MEMORY such as 16G)
     machine.limit_threads(2)     # BLAS/OpenMP pools and TensorFlow's pools, before TF's first op
     print(machine.describe())    # CPU, cores, BLAS and its kernel, TensorFlow version, oneDNN on/off
 
@@ -54,8 +55,18 @@ def cgroup_cpu_limit(root: Path | str = _CGROUP_ROOT) -> float | None:
         return None
 
 
+CORES_ENV, MEMORY_ENV = "LABKIT_CORES", "LABKIT_MEMORY"
+
+
 def cores() -> int:
-    """CPU cores this process may use: its affinity mask, capped by its cgroup's CPU quota (rounded up). (00_welcome)"""
+    """CPU cores this process may use: its affinity mask, capped by its cgroup's CPU quota (rounded up), or
+    LABKIT_CORES where set (fewer, to be polite on a shared node; or more, to ask what labkit would plan there).
+    (00_welcome)"""
+    override = os.environ.get(CORES_ENV, "").strip()
+    if override:
+        if not override.isdigit() or int(override) < 1:
+            raise ValueError(f"{CORES_ENV} must be a whole number of cores >= 1, such as 8; got {override!r}")
+        return int(override)
     return _usable_cores()
 
 
@@ -63,6 +74,56 @@ def physical_cores() -> int:
     """Usable cores that are whole cores, not hyperthreads: what hwloc (mpirun --bind-to core) can bind to."""
     import psutil
     return min(cores(), psutil.cpu_count(logical=False) or cores())
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20,
+          "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
+
+
+def parse_size(text: str, name: str = MEMORY_ENV) -> int:
+    """Bytes from a size such as '16G', '2GiB', '512M' or '1073741824' (K/M/G/T are powers of 1024, as
+    docker and Slurm read them); one ValueError line naming `name` otherwise."""
+    import re
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 2**20:
+        raise ValueError(f"{name} must be a size of 1M or more such as 16G, 2GiB or 512M; got {text!r}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def cgroup_memory_limit(root: Path | str = _CGROUP_ROOT) -> int | None:
+    """The memory limit of this process's cgroup in bytes (v2 memory.max, v1 memory.limit_in_bytes), None if none."""
+    root = Path(root)
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # v1 says "no limit" with a huge number
+            return int(text)
+        return None
+    return None
+
+
+def memory() -> int:
+    """Bytes of memory this process may use: the machine's RAM capped by its cgroup's limit, or LABKIT_MEMORY
+    where set (e.g. 16G). (00_welcome)"""
+    override = os.environ.get(MEMORY_ENV, "").strip()
+    if override:
+        return parse_size(override)
+    import psutil
+    total = psutil.virtual_memory().total
+    limit = cgroup_memory_limit()
+    return min(total, limit) if limit else total
+
+
+def memory_available() -> int:
+    """Bytes free for new processes now: what the system says is available, within memory(); memory() itself
+    where LABKIT_MEMORY is set (the plan is then for that machine, not this one)."""
+    if os.environ.get(MEMORY_ENV, "").strip():
+        return memory()
+    import psutil
+    return min(memory(), psutil.virtual_memory().available)
 
 
 def _usable_cores() -> int:

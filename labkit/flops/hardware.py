@@ -25,8 +25,9 @@ where bytes = its input + output activations for the batch + its weights, each r
 Training ~ 3 x forward (backward computes gradients for inputs and weights, each ~ one forward), plus an
 SGD-momentum update that reads weights, gradients, momentum and writes weights and momentum. It is an
 upper bound on speed: real kernels reach part of the peak, and the check against NVIDIA's measured
-ResNet-50 throughput (PUBLISHED) shows how much. MEASURED_H200 holds the figures the project measured on one
-H200 (with PyTorch, not TensorFlow): GEMM rates, ResNet-50 training and explicit im2col against cuDNN.
+ResNet-50 throughput (PUBLISHED) shows how much. MEASURED_H200 and MEASURED_H100 hold the figures the project
+measured on one H200 and one H100 SXM (with PyTorch, not TensorFlow): GEMM rates, ResNet-50 training and
+explicit im2col against cuDNN. MEASURED lists both.
 """
 from __future__ import annotations
 
@@ -148,7 +149,7 @@ class MeasuredGPU:
     training: tuple  # Measurement rows
     im2col_vs_cudnn: tuple  # (precision, slowest, fastest) speed of explicit im2col over cuDNN's, per layer
     im2col_layers: str  # what the im2col comparison ran on
-    gemm_at_cudnn_rate: int  # of those layers, how many the bare matmul ran at cuDNN's speed
+    gemm_at_cudnn_rate: int | None  # of those layers, how many the bare matmul ran at cuDNN's speed (None: unrecorded)
     source: str
 
     def gemm_flops(self, precision: str) -> float:
@@ -186,6 +187,22 @@ MEASURED_H200 = MeasuredGPU(
     gemm_at_cudnn_rate=3,
     source=_H200_HOW,
 )
+
+
+_H100_HOW = ("measured with PyTorch 2.11 (cuDNN 9.19) on one NVIDIA H100 80GB HBM3, channels-last, synthetic data, "
+             "November 2026 — not with this course's TensorFlow")
+MEASURED_H100 = MeasuredGPU(
+    device="H100",  # the 80 GB HBM3 card is the SXM5 one (the PCIe card has HBM2e): DEVICES["H100"]'s datasheet
+    gemm_tflops=(("bf16", 786.7), ("tf32", 398.9), ("fp32", 51.1)),
+    training=tuple(Measurement("resnet50_v1.5", "H100", precision, batch, ips, _H100_HOW + ", "
+                               + ("bf16 autocast" if precision == "bf16" else "TF32 matmuls and convolutions"))
+                   for precision, batch, ips in (("bf16", 256, 3977), ("tf32", 256, 2528), ("bf16", 64, 2737))),
+    im2col_vs_cudnn=(("fp32", 0.16, 0.21), ("bf16", 0.10, 0.17)),
+    im2col_layers="ResNet-50's four 3x3 convolutions (conv2_x..conv5_x) at batch 64, unfold + one matmul",
+    gemm_at_cudnn_rate=None,
+    source=_H100_HOW,
+)
+MEASURED = {m.device: m for m in (MEASURED_H200, MEASURED_H100)}
 
 
 def _check_measured(measured):

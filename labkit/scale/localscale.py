@@ -24,15 +24,16 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     the machine's own limit (labkit.scale.probe: that many single-thread GEMM processes at once), the training
     workers without gradient exchange (compute on a shared chip) and with Horovod's exchange, timed in
     alternating blocks of one launch per worker count (scaling.run_paired). Every worker owns one thread
-    (threads=1). workers: default 1 .. machine.cores() (at least 2). run_kw: scaling.run_paired's (model,
+    (threads=1). workers: default labkit.base.plans.scaling_workers() (log-spaced, fitted to the cores, memory
+    and load, at least 1 and 2). run_kw: scaling.run_paired's (model,
     batch_size, steps, ...). Returns (table, horovod, no_sync): one row per worker count with GFLOP/s,
     images/s, speedup and efficiency of the three, and the two scaling.run_paired DataFrames.
     """
     import pandas as pd
-    from labkit.base import machine
+    from labkit.base import plans
     from labkit.scale import probe
     if workers is None:
-        workers = list(range(1, max(2, machine.cores()) + 1))  # two at least: one exchange to measure
+        workers = plans.scaling_workers()  # two at least: one exchange to measure
     workers = [workers] if isinstance(workers, int) else list(workers)
     if not workers or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in workers):
         raise ValueError(f"workers must be a positive int or a list of them; got {workers!r}")

@@ -206,3 +206,53 @@ def test_thread_wait_channel_names_an_event_loop_wait():
         pytest.skip("this kernel does not show wait channels")
     assert "epoll" in name
     assert machine.thread_wait_channel(10**9) == ""  # no such thread
+
+
+def test_labkit_cores_overrides_what_labkit_sees(monkeypatch):
+    monkeypatch.setenv("LABKIT_CORES", "64")
+    assert machine.cores() == 64  # more than this host has: "what would labkit do on 64 cores?"
+    monkeypatch.setenv("LABKIT_CORES", "1")
+    assert machine.cores() == 1
+    for bad in ("0", "two", "-3", "1.5"):
+        monkeypatch.setenv("LABKIT_CORES", bad)
+        with pytest.raises(ValueError, match="^LABKIT_CORES must be a whole number"):
+            machine.cores()
+    monkeypatch.delenv("LABKIT_CORES")
+    assert machine.cores() == machine._usable_cores()
+
+
+@pytest.mark.parametrize("text, expected", [("16G", 16 * 2**30), ("2GiB", 2 * 2**30), ("512M", 512 * 2**20),
+                                            ("1.5g", 3 * 2**29), ("8 GB", 8 * 2**30), ("1048576", 2**20)])
+def test_memory_sizes_as_docker_and_slurm_read_them(text, expected):
+    assert machine.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "16X", "lots", "-2G", "100K", "G"])
+def test_a_bad_memory_size_is_one_line(bad):
+    with pytest.raises(ValueError, match="^LABKIT_MEMORY must be a size"):
+        machine.parse_size(bad)
+
+
+def test_labkit_memory_overrides_what_labkit_sees(monkeypatch):
+    import psutil
+    monkeypatch.delenv("LABKIT_MEMORY", raising=False)
+    assert 0 < machine.memory_available() <= machine.memory() <= psutil.virtual_memory().total
+    monkeypatch.setenv("LABKIT_MEMORY", "256G")
+    assert machine.memory() == machine.memory_available() == 256 * 2**30
+    monkeypatch.setattr(machine, "cgroup_memory_limit", lambda root=None: 2**30)
+    monkeypatch.delenv("LABKIT_MEMORY")
+    assert machine.memory() == 2**30, "a 1 GiB box caps the machine's RAM"
+
+
+def test_cgroup_memory_limit_files_v2_and_v1(tmp_path):
+    (tmp_path / "memory.max").write_text("2147483648\n")
+    assert machine.cgroup_memory_limit(tmp_path) == 2**31
+    (tmp_path / "memory.max").write_text("max\n")
+    assert machine.cgroup_memory_limit(tmp_path) is None
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert machine.cgroup_memory_limit(v1) is None
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("1073741824\n")
+    assert machine.cgroup_memory_limit(v1) == 2**30
+    assert machine.cgroup_memory_limit(tmp_path / "none") is None

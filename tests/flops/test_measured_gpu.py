@@ -90,3 +90,35 @@ def test_bad_arguments_name_the_parameter(report):
         h200.gemm_flops("fp16")
     with pytest.raises(ValueError, match="precision and batch_size"):
         h200.step_seconds("fp32", 256)
+
+
+# the H100 (80GB HBM3: the SXM5 card), measured the same way (typed in from the run notes, not from the module)
+H100_GEMM = {"bf16": 786.7e12, "tf32": 398.9e12, "fp32": 51.1e12}
+H100_RUNS = {("bf16", 256): 3977, ("tf32", 256): 2528, ("bf16", 64): 2737}
+
+
+def test_h100_record_beside_the_h200(report):
+    h100 = hardware.MEASURED_H100
+    assert hardware.MEASURED == {"H200": hardware.MEASURED_H200, "H100": h100}
+    assert (hardware.get_device(h100.device).memory_gb, hardware.get_device(h100.device).bandwidth_gbs) == (80, 3350)
+    gemm = hardware.gemm_vs_peak(h100)
+    for precision, rate in H100_GEMM.items():
+        peak = H200_PEAKS["fp16" if precision == "bf16" else precision]  # the H100 SXM's datasheet: the same peaks
+        assert gemm.loc[precision, "% of peak"] == pytest.approx(100 * rate / peak, abs=0.05)
+    assert gemm.loc["bf16", "% of peak"] == pytest.approx(79.5, abs=0.05)  # 786.7 / 989.4
+    runs = hardware.measured_vs_roofline(report, h100).set_index(["precision", "batch"])
+    for key, ips in H100_RUNS.items():
+        assert runs.loc[key, "images/s"] == ips
+    bf16 = runs.loc[("bf16", 256)]
+    assert bf16["ms/step"] == 64.4  # the run notes: 64.4 ms a step (256 / 3,977)
+    assert bf16["model TFLOP/s"] == 97.6  # the run notes: 97.6 TFLOP/s of model FLOPs (6 x 4.09 G x 3,977)
+    assert bf16["% of measured GEMM"] == pytest.approx(100 * 97.6e12 / 786.7e12, abs=0.1)  # ~12 %
+    assert (runs["measured / roofline"] < 1).all() and (runs["images/s"] < 786.7e12 / (6 * 4.09e9)).all()
+    # the H200 trains 1.18x faster at the same compute (GEMM within 3 %): its memory bandwidth, 4.8 against 3.35 TB/s
+    assert round(4710 / 3977, 2) == 1.18 and abs(806 / 786.7 - 1) < 0.03
+    assert {p: (lo, hi) for p, lo, hi in h100.im2col_vs_cudnn} == {"fp32": (0.16, 0.21), "bf16": (0.10, 0.17)}
+    assert h100.gemm_at_cudnn_rate is None and "four 3x3" in h100.im2col_layers
+    for text in ("PyTorch 2.11", "cuDNN 9.19", "NVIDIA H100 80GB HBM3", "channels-last", "synthetic data",
+                 "November 2026", "not with this course's TensorFlow"):
+        assert text in h100.source
+    assert all(m.device == "H100" and h100.source in m.source for m in h100.training)

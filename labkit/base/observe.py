@@ -1,0 +1,112 @@
+"""Two kinds of check in the notebooks: invariants and observations. (00_welcome)
+
+An *invariant* holds on every machine (ranks' checksums equal, FLOP counts, im2col == tf.nn.conv2d, a
+verdict): the notebooks check it with a plain `assert`. An *observation* depends on the machine (speed-ups,
+efficiencies, which kernel is faster): `observation(...)` says in one line what this machine showed, what the
+reference machine showed and the likely reason when it does not hold, and never raises in a learner's kernel.
+Where LABKIT_STRICT_OBSERVATIONS=1 (the test suite and the refresh of the committed outputs, on the
+reference machine) it raises AssertionError instead, so the committed outputs still bind the prose.
+
+    from labkit.base import observe
+    observe.say_if_busy()                           # one line when other programs keep the cores busy
+    observe.observation(two > one, "two workers beat one", here=f"{two / one:.2f}x", reference="1.51x")
+    observe.one_core("two workers must share it", "the workers stay in sync")   # printed on 1 core only
+"""
+from __future__ import annotations
+
+import math
+import os
+
+STRICT_ENV = "LABKIT_STRICT_OBSERVATIONS"
+LOG_ENV = "LABKIT_OBSERVATIONS_LOG"  # a file: each observation that did not hold is appended to it, one line
+# the machine the committed outputs and the prose come from
+REFERENCE = "2 cores, 24 GB, no GPU, idle"
+BUSY_SHARE = 0.75  # load average per usable core above which timings are called noisy
+
+
+def strict() -> bool:
+    """True where observations are asserted: LABKIT_STRICT_OBSERVATIONS is 1/true/yes (the test suite sets it)."""
+    return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _load() -> float:
+    from labkit.base import timing
+    return timing.load_average()
+
+
+def likely_reason(cores: int | None = None, load: float | None = None) -> str:
+    """Why this machine may differ from the reference one: too few cores, other programs' load, or the hardware."""
+    from labkit.base import machine
+    cores = machine.cores() if cores is None else cores
+    load = _load() if load is None else load
+    if cores < 2:
+        return "this machine has 1 usable core, the reference machine 2: parallel workers share it"
+    if math.isfinite(load) and load > BUSY_SHARE * cores:
+        return f"this machine is busy (load average {load:.1f} on {cores} cores): other programs take the cores"
+    return (f"a different CPU, BLAS or memory system ({cores} cores here): single runs of a few seconds also "
+            "vary from run to run")
+
+
+def observation(holds, what: str, here: str = "", reference: str = "", why: str | None = None) -> None:
+    """Check an observation: silent when it holds; else one printed line (this machine, the reference machine,
+    the likely reason), or AssertionError where strict() (the suite on the reference machine). Returns None, so
+    a notebook cell that ends with it shows nothing more."""
+    if not isinstance(what, str) or not what:
+        raise ValueError(f"what must be a non-empty str naming the observation; got {what!r}")
+    if bool(holds):
+        return None
+    shown = [f"here: {here}" if here else "", f"the reference machine ({REFERENCE}): {reference}" if reference else ""]
+    shown = "; ".join(s for s in shown if s)
+    line = f"Not seen on this machine: {what}{f' ({shown})' if shown else ''}. Likely why: {why or likely_reason()}."
+    if strict():
+        raise AssertionError(line)
+    print(line)
+    log = os.environ.get(LOG_ENV, "").strip()
+    if log:  # scripts/binder_box.py counts them per notebook and machine shape
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    return None
+
+
+def busy_line(cores: int | None = None, load: float | None = None) -> str:
+    """One line saying the timings will be noisy and why, when the load average is above 3/4 of the usable
+    cores; '' on a quiet machine."""
+    from labkit.base import machine
+    cores = machine.cores() if cores is None else cores
+    load = _load() if load is None else load
+    if not math.isfinite(load) or load <= BUSY_SHARE * cores:
+        return ""
+    return (f"This machine is busy: load average {load:.1f} against {cores} usable core{'s' * (cores != 1)}. Other "
+            "programs compete for the cores, so the timings below will be noisy and slower than the reference "
+            "machine's.")
+
+
+def say_if_busy() -> None:
+    """Print busy_line() when the machine is busy (a measuring notebook's first cell); nothing when quiet."""
+    line = busy_line()
+    if line:
+        print(line)
+
+
+def conditions(cores: int | None = None, load: float | None = None) -> str:
+    """The load average against the usable cores, with busy_line() above it when timings will be noisy."""
+    from labkit.base import machine
+    cores = machine.cores() if cores is None else cores
+    load = _load() if load is None else load
+    if not math.isfinite(load):
+        return f"{cores} usable cores; no load average on this system (timings may be noisy if other programs run)"
+    line = f"load average {load:.2f} (1 min) on {cores} usable core{'s' if cores != 1 else ''}"
+    warn = busy_line(cores, load)
+    return f"{warn}\n{line}" if warn else f"{line}: quiet enough for the timings below"
+
+
+def one_core(what: str, still: str, cores: int | None = None) -> None:
+    """On 1 usable core print what the lesson cannot show here, what still holds and where to go; nothing on
+    2 or more cores."""
+    from labkit.base import machine
+    cores = machine.cores() if cores is None else cores
+    if cores > 1:
+        return
+    print(f"This machine gives this notebook 1 core: {what}. What still holds here: {still}. For the speed-up "
+          "itself, run this notebook on a machine with 2 or more cores, or on the virtual cluster of the deep "
+          "dive (2-4 nodes, scripts/vcluster.sh).")

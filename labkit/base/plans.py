@@ -1,0 +1,201 @@
+"""What each experiment launches on *this* machine: from the usable cores, memory and load, never 1..cores
+blindly. (04_horovod_scaling, 05_network_sweep, 07_scaling_deep_dive; `labkit plan`)
+
+    from labkit.base import plans
+    plans.scaling_workers()           # 04's worker counts here, e.g. [1, 2] on 2 cores, [1, 2, 8] on 64
+    print(plans.describe())           # every notebook's launches: workers, processes, peak memory, minutes
+
+Rules: worker counts are log-spaced (1, 2, 4, 8, ...); the quick and workshop profiles make a handful of
+launches (04: at most 3 worker counts, 6 launches, 8 workers) on any machine; the full profile goes up to the
+whole node, minus the cores other programs keep busy (the load average); no plan needs more memory than the
+machine has (machine.memory_available(); LABKIT_MEMORY overrides); on 1 core the lessons that need two
+workers run two that share it, and the parallel sweep runs one. Memory and minutes are estimates from the
+reference machine (2 cores): a TensorFlow worker takes ~400 MiB and ~10 s of CPU to start.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+MiB = 2**20
+KERNEL_BYTES = 600 * MiB  # the notebook's own kernel with TensorFlow loaded
+WORKER_BYTES = {"small_cnn": 400 * MiB, "convblock_net": 600 * MiB}  # one training worker (Horovod rank)
+SWEEP_WORKER_BYTES = 650 * MiB  # one of 05's sweep workers (a TensorFlow process with its data)
+PROBE_BYTES = 60 * MiB  # one single-thread numpy GEMM process (labkit.scale.probe)
+START_CPU_S = 10.0  # CPU seconds for a TensorFlow worker to import and build its model
+WORKSHOP_MAX_WORKERS, WORKSHOP_MAX_COUNTS = 8, 3
+PROFILES = ("quick", "workshop", "full")
+MODEL = {"quick": "small_cnn", "workshop": "small_cnn", "full": "convblock_net"}  # 04's and 07's MODEL
+TRAIN_CPU_S = {"quick": 0.5, "workshop": 2.0, "full": 150.0}  # one worker's timed + warm-up steps, one launch
+SWEEP_CPU_S = {"quick": 8.0, "workshop": 8.0, "full": 50.0}  # 05's timed networks, all of them, on one core
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a plan is made for: usable cores, bytes free for new processes, 1-minute load average."""
+
+    cores: int
+    memory: int
+    load: float = 0.0
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment's launches: worker counts (one group of launches each), how many launches, the most
+    processes at once, the peak memory estimate (bytes, the kernel included) and a minutes estimate."""
+
+    notebook: str
+    name: str
+    workers: tuple
+    launches: int
+    processes: int
+    peak_bytes: int
+    minutes: float
+    note: str = ""
+
+
+def here() -> Machine:
+    """This machine as labkit sees it. LABKIT_CORES / LABKIT_MEMORY override the cores and the memory; with
+    LABKIT_CORES set the load average is not counted (the cores named are the ones free for labkit)."""
+    import os
+
+    from labkit.base import machine, timing
+    load = 0.0 if os.environ.get(machine.CORES_ENV, "").strip() else timing.load_average()
+    return Machine(machine.cores(), machine.memory_available(), load if math.isfinite(load) else 0.0)
+
+
+def _check(m: Machine, profile: str) -> None:
+    from labkit.base.checks import check_int, check_number
+    check_int(m.cores, "cores", minimum=1)
+    check_int(m.memory, "memory", minimum=1)
+    check_number(m.load, "load", minimum=0)
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
+
+
+def free_cores(m: Machine, profile: str) -> int:
+    """Cores a plan may fill: all usable ones, except in the full profile on a loaded node, where the cores
+    other programs keep busy (the load average, rounded down) are left to them."""
+    return max(1, m.cores - int(m.load)) if profile == "full" else m.cores
+
+
+def log_spaced(limit: int) -> list:
+    """1, 2, 4, ... below limit, then limit itself: [1, 2, 4, 6] for 6."""
+    counts, n = [], 1
+    while n < limit:
+        counts.append(n)
+        n *= 2
+    return counts + [limit]
+
+
+def _memory_cap(m: Machine, per_worker: int, extra: int = 0) -> int:
+    return max(1, (m.memory - KERNEL_BYTES - extra) // per_worker)
+
+
+def scaling_workers(profile: str | None = None, m: Machine | None = None) -> list:
+    """04's worker counts (GEMM probe processes and training workers, one thread each) for this machine."""
+    from labkit.base import config
+    profile, m = profile or config.profile(), m or here()
+    _check(m, profile)
+    limit = min(free_cores(m, profile), _memory_cap(m, WORKER_BYTES[MODEL[profile]]))
+    if profile == "full":
+        return log_spaced(max(limit, 2))
+    if profile == "quick":
+        return [1, 2]
+    top = min(limit, WORKSHOP_MAX_WORKERS)
+    return sorted({1, 2, top})[:WORKSHOP_MAX_COUNTS]  # two at least: the exchange is the lesson
+
+
+def sweep_workers(profile: str | None = None, m: Machine | None = None) -> list:
+    """05's parallel-sweep worker counts: 1 on one core, log-spaced up to the cores (+1 in the full profile)."""
+    from labkit.base import config
+    profile, m = profile or config.profile(), m or here()
+    _check(m, profile)
+    cores = free_cores(m, profile)
+    limit = min(cores + (profile == "full"), _memory_cap(m, SWEEP_WORKER_BYTES))
+    if cores == 1 or limit == 1:
+        return [1]
+    if profile == "full":
+        return log_spaced(limit)
+    return [1, 2]
+
+
+def _slowdown(busy: float, m: Machine) -> float:
+    """How much longer work takes when `busy` cores' worth of it, plus the load of other programs, share m's cores."""
+    return max(1.0, (busy + m.load) / m.cores)
+
+
+def _launch_s(workers: int, m: Machine, profile: str, work_s: float) -> float:
+    """Seconds of one launch of `workers` processes: start-up and work, slowed when they and the machine's
+    load outnumber its cores."""
+    return (START_CPU_S + work_s) * _slowdown(workers, m)
+
+
+def experiments(profile: str | None = None, m: Machine | None = None) -> list:
+    """Every measuring notebook's experiments on machine m (default: here) in the profile (default: current)."""
+    from labkit.base import config
+    profile, m = profile or config.profile(), m or here()
+    _check(m, profile)
+    worker = WORKER_BYTES[MODEL[profile]]
+    work = TRAIN_CPU_S[profile]
+    counts = scaling_workers(profile, m)
+    shared = " (2 workers share 1 core: no speed-up here)" if m.cores == 1 else ""
+    rounds = {"quick": 0, "workshop": 2, "full": 3}[profile]
+    out = [Experiment("02_im2col", "im2col timings and the chunk sweep (in the kernel)", (1,), 0, 1,
+                      KERNEL_BYTES + 300 * MiB,
+                      {"quick": 0.3, "workshop": 0.5, "full": 2.0}[profile] * _slowdown(m.cores, m),
+                      f"BLAS on {m.cores} thread{'s' * (m.cores > 1)}"),
+           Experiment("04_horovod_scaling", "where the time goes: GEMM probe + training, per worker count",
+                      tuple(counts), 2 * len(counts), max(counts),
+                      KERNEL_BYTES + max(counts) * worker,
+                      sum(2.0 + _launch_s(n, m, profile, 2 * work) for n in counts) / 60, shared.strip()),
+           Experiment("04_horovod_scaling", "sync run + Gloo vs tuned MPI", (2,), 1 + 2 * rounds, 2,
+                      KERNEL_BYTES + 2 * worker, (1 + 2 * rounds) * _launch_s(2, m, profile, 2 * work) / 60,
+                      shared.strip())]
+    sweep = sweep_workers(profile, m)
+    repeats = {"quick": 1, "workshop": 2, "full": 3}[profile]
+    out.append(Experiment("05_network_sweep", "parallel sweep workers", tuple(sweep), len(sweep) * repeats,
+                          max(sweep), KERNEL_BYTES + max(sweep) * SWEEP_WORKER_BYTES,
+                          sum(repeats * _launch_s(n, m, profile, SWEEP_CPU_S[profile] / n) for n in sweep) / 60,
+                          "one core: the sweep runs one worker" if m.cores == 1 else ""))
+    exchange = {"quick": 2, "workshop": 2 * 3 + 4 * rounds + 4, "full": 2 * 3 + 4 * rounds + 4}[profile]
+    out.append(Experiment("07_scaling_deep_dive", "exchange cost, controllers, variants (2 workers)", (1, 2),
+                          exchange, 2, KERNEL_BYTES + 2 * worker,
+                          exchange * _launch_s(2, m, profile, 2 * work) / 60, shared.strip()))
+    return out
+
+
+def fits(plan: list, m: Machine) -> bool:
+    """True when every experiment's peak memory estimate fits in m.memory."""
+    return all(e.peak_bytes <= m.memory for e in plan)
+
+
+def describe(profile: str | None = None, m: Machine | None = None) -> str:
+    """A table of the launches each notebook would make on machine m (default: here)."""
+    from labkit.base import config
+    profile, m = profile or config.profile(), m or here()
+    lines = [f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free, load average {m.load:.2f}",
+             f"{'notebook':<22} {'experiment':<60} {'workers':<18} {'launches':>8} {'peak MiB':>9} {'minutes':>8}"]
+    for e in experiments(profile, m):
+        lines.append(f"{e.notebook:<22} {e.name:<60} {','.join(map(str, e.workers)):<18} {e.launches:>8} "
+                     f"{e.peak_bytes / MiB:>9,.0f} {e.minutes:>8.1f}" + (f"  {e.note}" if e.note else ""))
+    if not fits(experiments(profile, m), m):
+        lines.append("warning: an experiment's peak memory estimate exceeds the free memory")
+    return "\n".join(lines)
+
+
+def cli_main(argv=None) -> int:
+    """`labkit plan`: the launches each notebook would make here (LABKIT_CORES / LABKIT_MEMORY to ask elsewhere)."""
+    import argparse
+    import json
+    p = argparse.ArgumentParser(prog="labkit plan", description=cli_main.__doc__)
+    p.add_argument("--profile", choices=PROFILES, help="default: LABKIT_PROFILE (workshop)")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = p.parse_args(argv)
+    m = here()
+    if args.json:
+        doc = {"machine": asdict(m), "experiments": [asdict(e) for e in experiments(args.profile, m)]}
+        print(json.dumps(doc, indent=1))
+    else:
+        print(describe(args.profile, m))
+    return 0

@@ -1,0 +1,127 @@
+"""labkit.base.plans: launches fitted to the cores, memory and load, checked at 1-128 cores and 2-256 GiB."""
+import pytest
+
+from labkit import cli
+from labkit.base import plans
+from labkit.base.plans import Machine
+
+GiB = 2**30
+CORES = (1, 2, 8, 64, 128)
+MEMORY = (2 * GiB, 8 * GiB, 256 * GiB)
+SHAPES = [Machine(c, m) for c in CORES for m in MEMORY]
+
+
+def _scaling(plan):
+    return next(e for e in plan if e.notebook.startswith("04") and "per worker count" in e.name)
+
+
+@pytest.mark.parametrize("m", SHAPES, ids=lambda m: f"{m.cores}cores-{m.memory // GiB}GiB")
+def test_workshop_makes_a_handful_of_launches_within_memory(m):
+    plan = plans.experiments("workshop", m)
+    scaling = _scaling(plan)
+    assert scaling.launches <= 6 and max(scaling.workers) <= 8, scaling
+    assert 2 in scaling.workers, "two workers at least: the exchange is the lesson"
+    for e in plan:
+        assert e.peak_bytes <= m.memory, e
+        assert e.processes <= max(2, m.cores), e  # never more processes than cores, but for the pair of workers
+
+
+@pytest.mark.parametrize("m", SHAPES, ids=lambda m: f"{m.cores}cores-{m.memory // GiB}GiB")
+@pytest.mark.parametrize("profile", plans.PROFILES)
+def test_every_profile_fits_memory_and_counts_are_log_spaced(m, profile):
+    plan = plans.experiments(profile, m)
+    assert plans.fits(plan, m)
+    for e in plan:
+        counts = list(e.workers)
+        assert counts == sorted(set(counts)) and counts[0] in (1, 2), e
+        assert all(n & (n - 1) == 0 for n in counts[:-1]), f"not log-spaced (powers of two, then the top): {counts}"
+        if profile == "full":  # every doubling up to the node
+            assert all(b <= 2 * a for a, b in zip(counts, counts[1:])), f"a doubling is missing: {counts}"
+        assert e.minutes > 0
+
+
+@pytest.mark.parametrize("memory", MEMORY)
+def test_one_core_plans(memory):
+    m = Machine(1, memory)
+    for profile in plans.PROFILES:
+        assert plans.sweep_workers(profile, m) == [1], "one core: the parallel sweep runs one worker"
+        assert plans.scaling_workers(profile, m) == [1, 2], "04's lesson: two workers sharing the core"
+        assert all(e.processes <= 2 for e in plans.experiments(profile, m))
+
+
+def test_full_profile_scales_to_the_node():
+    big = Machine(128, 256 * GiB)
+    assert plans.scaling_workers("full", big) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert plans.sweep_workers("full", big)[-1] == 129  # one past the cores: the curve flattens
+    # memory caps it: 8 GiB hold (8 GiB - kernel) // one convblock_net worker's estimate
+    cap = (8 * GiB - plans.KERNEL_BYTES) // plans.WORKER_BYTES["convblock_net"]
+    assert plans.scaling_workers("full", Machine(128, 8 * GiB))[-1] == cap == 12
+
+
+def test_full_profile_leaves_the_loaded_cores_to_others():
+    assert plans.scaling_workers("full", Machine(64, 256 * GiB, load=40.2)) == [1, 2, 4, 8, 16, 24]
+    assert plans.scaling_workers("workshop", Machine(64, 256 * GiB, load=40.2)) == [1, 2, 8]
+
+
+def test_workshop_by_hand():
+    assert plans.scaling_workers("workshop", Machine(2, 2 * GiB)) == [1, 2]
+    assert plans.scaling_workers("workshop", Machine(4, 8 * GiB)) == [1, 2, 4]
+    assert plans.scaling_workers("workshop", Machine(64, 16 * GiB)) == [1, 2, 8]
+    assert plans.scaling_workers("workshop", Machine(64, 2 * GiB)) == [1, 2, 3]  # (2048 - 600) // 400 MiB
+    assert plans.log_spaced(6) == [1, 2, 4, 6] and plans.log_spaced(1) == [1]
+
+
+@pytest.mark.parametrize("bad, name", [(Machine(0, GiB), "cores"), (Machine(2, 0), "memory"),
+                                       (Machine(2, GiB, -1.0), "load")])
+def test_bad_machine_is_one_line_naming_it(bad, name):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        plans.experiments("workshop", bad)
+    with pytest.raises(ValueError, match="^profile must be"):
+        plans.experiments("huge", Machine(2, GiB))
+
+
+def test_labkit_plan_on_a_64_core_node(monkeypatch, capsys):
+    monkeypatch.setenv("LABKIT_CORES", "64")
+    monkeypatch.setenv("LABKIT_MEMORY", "16G")
+    monkeypatch.setenv("LABKIT_PROFILE", "workshop")
+    assert cli.main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "64 usable cores, 16.0 GiB free" in out
+    row = next(line for line in out.splitlines() if line.startswith("04_horovod_scaling") and "per worker" in line)
+    assert row.split()[-4:-2] == ["1,2,8", "6"], row
+    assert cli.main(["plan", "--profile", "full"]) == 0
+    assert "1,2,4,8,16,26" in capsys.readouterr().out  # (16 GiB - kernel) // 600 MiB workers
+
+
+def test_decompose_plans_by_default(monkeypatch):
+    """localscale.decompose launches the plan's worker counts (1, 2, 8 on 64 cores), not 1..64."""
+    from labkit.scale import localscale, probe, scaling
+    seen = []
+    monkeypatch.setenv("LABKIT_CORES", "64")
+    monkeypatch.setenv("LABKIT_MEMORY", "16G")
+    monkeypatch.setenv("LABKIT_PROFILE", "workshop")
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_paired(workers, **kw):
+        seen.extend(workers)
+        if len(seen) == 3:
+            raise Stop
+        return None, None
+
+    monkeypatch.setattr(probe, "gemm_probe", lambda n, *a, **k: {"gflops_total": 1.0})
+    monkeypatch.setattr(scaling, "run_paired", fake_run_paired)
+    with pytest.raises(Stop):
+        localscale.decompose(progress=False)
+    assert seen == [1, 2, 8]
+
+
+def test_minutes_grow_with_the_load_and_with_workers_sharing_a_core():
+    quiet, busy = Machine(2, 8 * GiB), Machine(2, 8 * GiB, load=20.0)
+    for q, b in zip(plans.experiments("workshop", quiet), plans.experiments("workshop", busy)):
+        assert b.minutes > 5 * q.minutes, (q, b)  # 20 other programs on 2 cores: each launch gets ~1/11 of them
+    one, two = plans.experiments("workshop", Machine(1, 8 * GiB)), plans.experiments("workshop", quiet)
+    sync = [e for e in one + two if e.name.startswith("sync run")]
+    # two workers on one core take twice the time of two workers on two (the start-up included)
+    assert sync[0].minutes == pytest.approx(2 * sync[1].minutes)
