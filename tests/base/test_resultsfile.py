@@ -170,3 +170,81 @@ def test_the_source_check_can_fail():
                  "json.dump(result.to_dict(), f)", "nbformat.write(nb, path)", "df.to_csv(out)",
                  "fig.savefig(out)", 'log_f = open(Path(d) / "log.jsonl", "w")'):
         assert _FORBIDDEN.search(line), line
+
+
+# ================================================================ leftovers: temporary files and locks
+def dead_pid() -> int:
+    """The pid of a process that has ended (reaped, so no one holds it)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt, SystemExit])
+def test_every_exit_python_sees_removes_the_temp_file(tmp_path, exc):
+    target = tmp_path / "r.json"
+    with pytest.raises(exc), resultsfile.replacing(target) as fh:
+        fh.write("half")
+        raise exc("stopped mid-write")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_writers_temp_files_are_swept_on_the_next_write(tmp_path):
+    """A kill -9 leaves a temp file no `finally` removes; the next write of the same file removes it when its
+    writer's pid is gone or it is over an hour old, and leaves a live writer's temp file alone."""
+    target = tmp_path / "sweep.jsonl"
+    old_style = tmp_path / ".sweep.jsonl.k3x9q1.tmp.jsonl"  # the name before the pid was in it: by age only
+    dead = tmp_path / f".sweep.jsonl.p{dead_pid()}.a1b2c3.tmp.jsonl"
+    live = tmp_path / f".sweep.jsonl.p{os.getpid()}.d4e5f6.tmp.jsonl"
+    young = tmp_path / ".sweep.jsonl.r7t8y9.tmp.jsonl"
+    other = tmp_path / ".other.jsonl.x1.tmp.jsonl"  # another file's: not this write's business
+    for p in (old_style, dead, live, young, other):
+        p.write_text("partial")
+    two_hours_ago = time.time() - 7200
+    os.utime(old_style, (two_hours_ago, two_hours_ago))
+    os.utime(other, (two_hours_ago, two_hours_ago))
+    resultsfile.write_text(target, "new\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name, young.name, other.name])
+
+
+def test_the_temp_file_names_its_writers_pid(tmp_path):
+    with resultsfile.replacing_path(tmp_path / "w.h5") as tmp:
+        assert tmp.name.startswith(f".w.h5.p{os.getpid()}.") and tmp.name.endswith(".tmp.h5")
+
+
+def test_lock_files_do_not_accumulate(tmp_path):
+    out = tmp_path / "sweep.jsonl"
+    with resultsfile.locked(out) as lock:
+        assert lock.exists() and lock.read_text().strip() == str(os.getpid())
+    assert list(tmp_path.iterdir()) == []
+
+
+_COUNTER = """
+import sys
+from pathlib import Path
+from labkit.base import resultsfile
+out = Path(sys.argv[1])
+for _ in range(30):
+    with resultsfile.locked(out):
+        n = int(out.read_text()) if out.exists() else 0
+        resultsfile.write_text(out, f"{n + 1}\\n")
+"""
+
+
+def test_the_lock_still_excludes_while_its_file_comes_and_goes(tmp_path):
+    """Four processes each add 1 thirty times under the lock, which is removed after every release: a waiter
+    that got the lock of a removed file must try again, or two would hold it at once and increments be lost."""
+    out = tmp_path / "count.txt"
+    procs = [subprocess.Popen([sys.executable, "-c", _COUNTER, str(out)], env=ENV) for _ in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    assert out.read_text() == "120\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["count.txt"]
+
+
+def test_a_failed_write_names_the_file(tmp_path):
+    with small_tmpfs(tmp_path / "disk") as disk:
+        target = disk / "results.jsonl"
+        fill(disk)
+        with pytest.raises(OSError, match=str(target)) as err:
+            resultsfile.write_text(target, "x" * 100_000)
+        assert err.value.errno == errno.ENOSPC
