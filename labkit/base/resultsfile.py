@@ -209,9 +209,9 @@ def _acquire(fd: int, lock: Path, path, timeout: float) -> bool:
         except BlockingIOError:
             if time.monotonic() > deadline:
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                waited = f" for over {timeout:g} s" if timeout > 0 else ""
                 raise TimeoutError(f"{path} is being written by another process (pid {holder}, lock "
-                                   f"{lock}) for over {timeout:g} s; wait for it to finish or write "
-                                   "to another file") from None
+                                   f"{lock}){waited}; wait for it to finish or write to another file") from None
             time.sleep(0.05)
     try:
         return os.stat(lock).st_ino == os.fstat(fd).st_ino

@@ -46,11 +46,12 @@ class CorruptDataError(ValueError):
     """A data file that is truncated, corrupted or not what it claims to be; the message says what to do."""
 
 
-def _candidate_dirs(data_dir=None) -> list[Path]:
+def _candidate_dirs(data_dir=None, check: bool = True) -> list[Path]:
+    """Where CIFAR-10 is looked for; a LABKIT_DATA that is not a folder is a ValueError naming it (check=True)."""
     dirs = []
     if data_dir is not None:
         dirs.append(Path(data_dir).expanduser())
-    dirs.append(config.data_dir())
+    dirs.append(config.check_data_dir() if check else config.data_dir())
     dirs.append(Path.home() / ".keras" / "datasets")
     return dirs
 

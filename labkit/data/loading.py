@@ -260,13 +260,16 @@ def cli_main(argv: list[str]) -> int:
         return 0
     if args.action == "where":
         print(config.describe())
-        for d in _candidate_dirs():
+        for d in _candidate_dirs(check=False):
             batches, archives = d / CIFAR10_DIRNAME, [d / a for a in _ARCHIVE_NAMES if (d / a).is_file()]
             found = ("extracted" if find_cifar10(d) == batches else "") or (
                 f"archive {archives[0].name}" if archives else "nothing")
             if os.path.lexists(d) and not d.is_dir():  # a file, a dangling link or a symlink loop
                 found = "not a folder" + (" (LABKIT_DATA points here)" if d == config.data_dir() else "")
             print(f"  {d}: {found}")
+        if config.data_dir_problem():
+            print(f"load_dataset() stops with an error: {config.data_dir_problem()}")
+            return 1
         batches = find_cifar10() or _find_archive()
         problem = cifar10_problem() if batches else None
         if problem:

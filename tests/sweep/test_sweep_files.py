@@ -1,6 +1,7 @@
 """The sweep's results file: two sweeps on one file keep every record; refusals before any training."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 from labkit.sweep import store
 
-from helpers import ENV  # noqa: E402
+from helpers import ENV, fill, labkit_cli, one_line, small_tmpfs  # noqa: E402
 
 
 # ================================================================ two sweeps at once
@@ -110,5 +111,70 @@ class _InlinePool:
         fut.set_result(fn(*args))
         return fut
 
-    def shutdown(self, wait=True):
+    def shutdown(self, wait=True, cancel_futures=False):
         pass
+
+
+# ================================================================ refused before anything is made or trained
+@pytest.mark.parametrize("names", [",", " , ,"])
+def test_configs_that_name_nothing_are_refused_before_anything_is_made(tmp_path, names):
+    out = tmp_path / "runs" / "sweep.jsonl"
+    one_line(labkit_cli("sweep", "--configs", names, "--out", str(out), "--no-progress"), "--configs", "names no config")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_more_workers_than_cores_is_refused_at_once(tmp_path):
+    """As `labkit scale --np 64` is: one line naming --workers, the core count and --oversubscribe, nothing made."""
+    from labkit.base import machine
+    many = str(max(64, machine.cores() + 1))
+    out = tmp_path / "runs" / "sweep.jsonl"
+    t0 = time.perf_counter()
+    line = one_line(labkit_cli("sweep", "--workers", many, "--out", str(out), "--no-progress"),
+                    f"--workers {many}", "--oversubscribe")
+    assert f"({machine.cores()})" in line and not (tmp_path / "runs").exists()
+    assert time.perf_counter() - t0 < 60
+
+
+def _toy(cfg):
+    return {"accuracy": 0.75, "memory_bytes": 100 + cfg["i"]}
+
+
+def test_resume_on_a_nearly_full_disk_is_refused_before_training(tmp_path, monkeypatch):
+    """Each write rewrites the whole results file beside the old one: the space check reserves its size too."""
+    from labkit.sweep import runner
+    monkeypatch.setattr(runner, "new_pool", lambda *a: pytest.fail("trained before the space check refused"))
+    with small_tmpfs(tmp_path / "disk", size="256k") as disk:
+        out = disk / "sweep.jsonl"
+        store.write_results(out, [{"key": f"old-{i}", "pad": "x" * 1000} for i in range(150)])  # ~150 KB
+        before = out.read_bytes()
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        assert 64 * 1024 < free < len(before)  # the old 64 KiB check passes; the rewrite does not fit
+        with pytest.raises(ValueError, match="out: cannot write .*No space left"):
+            runner.run_sweep([{"i": 1}], _toy, out, tensorflow=False, progress=False)
+        assert out.read_bytes() == before
+
+
+class _FillingPool(_InlinePool):
+    """Trains in this process; the disk fills while it trains (another program's files)."""
+
+    def __init__(self, disk):
+        self.disk = disk
+
+    def submit(self, fn, *args):
+        fill(self.disk)
+        return super().submit(fn, *args)
+
+
+def test_a_result_that_cannot_be_written_is_printed_and_kept(tmp_path, monkeypatch, capsys):
+    from labkit.sweep import runner
+    with small_tmpfs(tmp_path / "disk", size="256k") as disk:
+        out = disk / "sweep.jsonl"
+        store.write_results(out, [{"key": "old", "accuracy": 0.5}])
+        before = out.read_bytes()
+        monkeypatch.setattr(runner, "new_pool", lambda *a: _FillingPool(disk))
+        with pytest.raises(store.ResultsNotSaved, match=str(out)) as err:
+            runner.run_sweep([{"i": 7}], _toy, out, tensorflow=False, warmup=False, progress=False)
+        assert [r["accuracy"] for r in err.value.records] == [0.75]
+        printed = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+        assert [(r["config"], r["accuracy"], r["memory_bytes"]) for r in printed] == [({"i": 7}, 0.75, 107)]
+        assert out.read_bytes() == before
