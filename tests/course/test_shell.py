@@ -80,3 +80,38 @@ def test_jupyter_job_output_is_readable_by_its_owner_only(tmp_path):
     assert proc.returncode == 2
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     assert "no Python in" in out.read_text()
+
+
+def _lock(tmp_path, venv):
+    """`make lock VENV=venv` on a copy of the Makefile beside a committed constraints.txt."""
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    return subprocess.run(["make", "-s", "lock", f"VENV={venv}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("venv", ["missing-venv", "broken-venv"])
+def test_make_lock_without_a_working_venv_keeps_constraints(tmp_path, venv):
+    committed = "# Full lock\nnumpy==1.26.4\n"
+    (tmp_path / "constraints.txt").write_text(committed)
+    if venv == "broken-venv":  # a python that starts and fails, as a venv whose interpreter was removed does
+        (tmp_path / venv / "bin").mkdir(parents=True)
+        (tmp_path / venv / "bin" / "python").write_text("#!/bin/sh\necho 'No module named pip' >&2\nexit 1\n")
+        (tmp_path / venv / "bin" / "python").chmod(0o755)
+    done = _lock(tmp_path, venv)
+    assert done.returncode != 0 and "constraints.txt left as it was" in done.stderr, done.stderr
+    assert (tmp_path / "constraints.txt").read_text() == committed
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != venv) == ["Makefile", "constraints.txt"]
+
+
+def test_make_lock_with_a_working_venv_writes_the_freeze(tmp_path):
+    (tmp_path / "constraints.txt").write_text("old\n")
+    (tmp_path / "constraints.txt").chmod(0o644)
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").write_text(
+        "#!/bin/sh\nprintf 'numpy==1.26.4\\nlabkit==0.1\\nhorovod @ file:///w.whl\\ntensorflow==2.15.1\\n'\n")
+    (tmp_path / "venv" / "bin" / "python").chmod(0o755)
+    done = _lock(tmp_path, "venv")
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "constraints.txt").read_text().splitlines()
+    assert lines[0].startswith("# Full lock") and lines[1:] == ["numpy==1.26.4", "tensorflow==2.15.1"]
+    assert stat.S_IMODE((tmp_path / "constraints.txt").stat().st_mode) == 0o644
