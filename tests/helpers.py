@@ -162,13 +162,14 @@ def sha(path) -> str:
 
 
 @contextlib.contextmanager
-def small_tmpfs(where: Path, size: str = "64k"):
-    """A tmpfs of `size` mounted at where (root only; the test is skipped, with the reason, otherwise)."""
+def small_tmpfs(where: Path, size: str = "64k", inodes: int | None = None):
+    """A tmpfs of `size` (and at most `inodes` files) mounted at where (root only; the test is skipped, with the
+    reason, otherwise)."""
     if os.geteuid() != 0:
         pytest.skip("a disk-full test mounts a small tmpfs, which needs root")
     where.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
-                          text=True)
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:

@@ -1,6 +1,8 @@
 """`labkit exercises build`: never over someone else's work, a full disk keeps the previous edition."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 
@@ -84,3 +86,63 @@ def test_build_on_a_full_disk_keeps_the_previous_edition_whole(tmp_path):
             exercises.build(disk / "learner", src)
         assert {p.name: sha(p) for p in (disk / "learner").iterdir()} == before  # no 0-byte notebook
         assert all(json.loads((disk / "learner" / n).read_text())["cells"] for n in course_names()[:3])
+
+
+def _take_inodes(folder, leave: int) -> None:
+    """Create empty files in folder until its file system has no free inode, then remove `leave` of them."""
+    made = []
+    try:
+        while True:
+            made.append(folder / f"f{len(made)}")
+            made[-1].touch()
+    except OSError as err:
+        assert err.errno == errno.ENOSPC
+        made.pop()
+    for p in made[-leave:]:
+        p.unlink()
+    assert os.statvfs(folder).f_favail == leave
+
+
+def test_build_out_of_inodes_is_refused_before_any_write_and_leaves_no_manifest(tmp_path):
+    """3 free inodes pass a one-file space check; the build makes 3 notebooks and a manifest (and a temporary
+    file at a time): it is refused before writing anything, rather than stopping with a notebook written
+    that its manifest does not know (a rerun would then need --force)."""
+    from labkit.exercises import build as exercises
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in course_names()[:3]:
+        (src / name).write_bytes((SOURCE / name).read_bytes())
+    with small_tmpfs(tmp_path / "disk", size="16m", inodes=64) as disk:
+        (disk / "learner").mkdir()
+        (disk / "others").mkdir()
+        _take_inodes(disk / "others", leave=3)
+        with pytest.raises(ValueError, match=r"DIR: cannot write .*free inodes"):
+            exercises.build(disk / "learner", src)
+        assert list((disk / "learner").iterdir()) == []
+
+
+def test_the_manifest_agrees_with_every_notebook_whatever_write_fails(tmp_path, monkeypatch):
+    """A write that fails mid-build (the manifest's, or a notebook's) leaves a manifest that still knows every
+    notebook build wrote: the rerun needs no --force."""
+    from labkit.base import resultsfile
+    from labkit.exercises import build as exercises
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in course_names()[:3]:
+        (src / name).write_bytes((SOURCE / name).read_bytes())
+    learner = tmp_path / "learner"
+    real = resultsfile.write_bytes
+    for fail_at in range(1, 8):  # the n-th write of the build fails (notebooks and manifests alike)
+        calls = {"n": 0}
+
+        def failing(*a, **k):
+            calls["n"] += 1
+            if calls["n"] == fail_at:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*a, **k)
+
+        monkeypatch.setattr(resultsfile, "write_bytes", failing)
+        with contextlib.suppress(OSError):
+            exercises.build(learner, src)
+        monkeypatch.setattr(resultsfile, "write_bytes", real)
+        assert exercises.foreign_notebooks(learner, course_names()[:3]) == [], fail_at
