@@ -141,8 +141,8 @@ _EXEMPT = {
     ("labkit/scale/launch.py", 'os.fdopen(write_fd, "w")'): "a pipe to the watchdog, not a file",
     ("labkit/base/training.py", 'savefig(buf, format="png")'): "an in-memory buffer",
     ("labkit/scale/hvd_train.py", "model.save_weights(str(tmp))"): "the temporary path of resultsfile.replacing_path",
-    ("labkit/scale/keras_hvd_loop.py", "model.save_weights(args.checkpoint)"): "a script the learner reads and "
-    "copies: the checkpoint as a Keras user writes it, on rank 0 only",
+    ("labkit/scale/keras_hvd_loop.py", 'model.save_weights(args.checkpoint + ".part.h5")'): "a script the learner "
+    "reads: written under a temporary name and renamed by os.replace on the next line, the writer's rule spelled out",
     ("scripts/delay_relay.py", 'os.open("/dev/net/tun"'): "a TUN device",
     ("scripts/binder_box.py", ".write_text("): "cgroup control files: kernel interfaces, written in place by design",
     ("scripts/probe_inputs.py", ".write_text("): "fixtures in the probe's own fresh temporary folder; the probe "
