@@ -320,7 +320,8 @@ def _fail(message: str) -> int:
 
 
 def _pick_configs(args) -> list[dict]:
-    """The configs --configs names (all 16 without it); ValueError naming --configs or --workers."""
+    """The configs --configs names (all 16 without it); ValueError naming --configs, or --workers when more
+    workers than cores would train them (as `labkit scale --np`)."""
     configs = network_configs()
     if args.configs is not None:
         by_name = {network_name(c): c for c in configs}
@@ -333,7 +334,7 @@ def _pick_configs(args) -> list[dict]:
             raise ValueError(f"--configs has unknown names {', '.join(unknown)}; choose from {', '.join(by_name)}")
         configs = [by_name[n] for n in wanted]
     cores = machine.cores()
-    if args.workers > cores and not args.oversubscribe:
+    if args.workers > cores and not args.oversubscribe and not args.list:
         raise ValueError(f"--workers {args.workers} starts more worker processes than this machine has cores "
                          f"({cores}); each would get a slice of a core and nothing would finish for minutes. Use "
                          f"--workers up to {cores}, or pass --oversubscribe to run it anyway")
@@ -345,7 +346,8 @@ def cli_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         configs = _pick_configs(args)
-        config.check_data_dir()
+        if not args.list:
+            config.check_data_dir()  # a LABKIT_DATA that is a file is named, not taken for "no CIFAR-10"
     except ValueError as err:
         return _fail(str(err))
     if args.list:
