@@ -97,7 +97,7 @@ def sweep_stale_temps(target: Path) -> None:
 def _named(err: OSError, target: Path) -> OSError:
     """err with the file it was writing named (os.write's ENOSPC names none)."""
     if err.filename is None and err.errno is not None:
-        return type(err)(err.errno, err.strerror or str(err), str(target))
+        return OSError(err.errno, err.strerror or str(err), str(target))  # OSError picks the errno's subclass
     return err
 
 
