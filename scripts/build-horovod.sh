@@ -73,16 +73,26 @@ if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
     echo "build-horovod: no C++ compiler. Fix: apt-get install g++ (Debian/Ubuntu), xcode-select --install (macOS) or module load gcc (HPC)" >&2
     exit 2; }
   echo "build-horovod: building horovod $hvd_version for tensorflow $tf_version ($ops, MPI: ${mpicxx:-none}); about 2-5 min on 2 cores"
-  tmp="$(mktemp -d)"
+  tmp="$(mktemp -d)" ticker="" part=""
+  cleanup() {  # every step may fail (the ticker gone already): set -e must not stop it half-way
+    rm -rf "$tmp" || true; [ -z "$part" ] || rm -f "$part" || true; [ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true; }
+  trap cleanup EXIT; trap 'exit 130' INT; trap 'exit 143' TERM  # Ctrl-C or a kill: the temp folder goes too
   # a heartbeat, so a long compile on a busy laptop doesn't look hung
   SECONDS=0
-  ( while sleep 30; do echo "build-horovod: still compiling ($SECONDS s)"; done ) & ticker=$!
-  trap 'kill $ticker 2>/dev/null' EXIT
+  ( while sleep 30 >/dev/null 2>&1; do echo "build-horovod: still compiling ($SECONDS s)"; done ) & ticker=$!
   "$PYTHON" -m pip wheel --no-cache-dir --no-build-isolation --no-deps "horovod==$hvd_version" -w "$tmp" \
-    > "$tmp/build.log" 2>&1 || { tail -40 "$tmp/build.log" >&2; echo "build-horovod: build failed; log: $tmp/build.log" >&2; exit 1; }
-  kill $ticker 2>/dev/null; trap - EXIT
+    > "$tmp/build.log" 2>&1 || {
+    mkdir -p "$here/.cache/horovod" && cp "$tmp/build.log" "$here/.cache/horovod/last-build.log"
+    tail -40 "$tmp/build.log" >&2; echo "build-horovod: build failed; log: $here/.cache/horovod/last-build.log" >&2
+    exit 1; }
   echo "build-horovod: compiled in $SECONDS s"
-  mkdir -p "$cache" && mv "$tmp"/horovod-*.whl "$cache"/ && rm -rf "$tmp"
+  # copied beside the cache under a temporary name, then renamed: an interrupted copy never looks like a wheel
+  wheel="$(ls "$tmp"/horovod-*.whl)" && mkdir -p "$cache"
+  part="$cache/.$(basename "$wheel").part.$$"
+  { cp "$wheel" "$part" && mv -f "$part" "$cache/$(basename "$wheel")"; } || {
+    echo "build-horovod: could not copy the wheel into $cache (disk full?); nothing was cached" >&2; exit 1; }
+  part=""
+  cleanup; trap - EXIT INT TERM
 fi
 pip_install() { "$PYTHON" -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location .* is ignored' || true; }; }
 pip_install --no-cache-dir --force-reinstall --no-deps "$cache"/horovod-*.whl

@@ -48,6 +48,14 @@ class CellFailed(Exception):
         super().__init__(f"{notebook}: cell {index} raised {self.ename}: {self.evalue}")
 
 
+class ChangedOnDisk(Exception):
+    """The notebook's file changed while it ran (an edit in JupyterLab): it is kept, nothing is written over it."""
+
+    def __init__(self, path: Path):
+        super().__init__(f"{path.name}: changed on disk while it ran (an edit was saved meanwhile); kept the edit "
+                         "and wrote nothing for it: run it again to refresh its outputs")
+
+
 class PeakRSS(threading.Thread):
     """Samples the memory of a process tree until stopped; .peak (RSS) and .peak_pss in bytes."""
 
@@ -102,11 +110,13 @@ def jupyterlab_format(nb, language_info: dict):
 
 
 def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = None) -> tuple[float, int, int]:
-    """Execute every cell; raises CellFailed naming the first cell that raised (nothing is written then).
+    """Execute every cell; raises CellFailed naming the first cell that raised, or ChangedOnDisk when the file
+    changed while it ran (nothing is written then).
 
     record, if given, receives what the run measured (load before/after, wall time): it also goes into the
     notebook's metadata as labkit.refresh."""
-    nb = nbformat.read(path, as_version=4)
+    original = path.read_bytes()  # compared before the write: an edit saved meanwhile is never overwritten
+    nb = nbformat.reads(original.decode("utf-8"), as_version=4)
     # record_timing (nbclient's default, stated): the cells' timestamps are the committed run time
     client = NotebookClient(nb, timeout=timeout, kernel_name="labkit", record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}})
@@ -133,6 +143,8 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
         record.update(info)
     if write:
         from labkit.base import resultsfile
+        if path.read_bytes() != original:
+            raise ChangedOnDisk(path)
         resultsfile.write_notebook(path, nb)  # atomic: a failed or killed refresh leaves the committed notebook
     return elapsed, monitor.peak, monitor.peak_pss
 
@@ -189,7 +201,8 @@ def main(argv=None) -> int:
         try:
             elapsed, peak, peak_pss = run_notebook(path, write=not args.no_write, timeout=args.timeout, record=record)
         except Exception as err:  # report and go on: the dry run should list every broken notebook
-            failed.append(str(err) if isinstance(err, CellFailed) else f"{path.name}: {type(err).__name__}: {err}")
+            failed.append(str(err) if isinstance(err, (CellFailed, ChangedOnDisk))
+                          else f"{path.name}: {type(err).__name__}: {err}")
             print(f"{path.name:<32} FAILED: {failed[-1]}", flush=True)
             continue
         total += elapsed

@@ -1,5 +1,6 @@
 """Helpers shared by the tests: real servers (JupyterLab, Slurm), and stand-ins for scaling's launches."""
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -151,3 +152,49 @@ def fake_paired(run, calls=None):
 
 def no_separate_launch(*a, **k):
     pytest.fail("the exchange and its control run in one launch (run_paired), not as two scaling.run launches")
+
+
+# ----------------------------------------------------------------------------- files kept (the nothing-lost tests)
+def sha(path) -> str:
+    """SHA-256 of a file's bytes."""
+    import hashlib
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str = "64k", inodes: int | None = None):
+    """A tmpfs of `size` (and at most `inodes` files) mounted at where (root only; the test is skipped, with the
+    reason, otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("a disk-full test mounts a small tmpfs, which needs root")
+    where.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(folder: Path) -> None:
+    """Take every free byte of folder's file system."""
+    with open(folder / "filler", "wb", buffering=0) as fh:  # unbuffered: nothing left to flush at close
+        try:
+            while True:
+                fh.write(b"x" * 512)
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+    assert os.statvfs(folder).f_bavail == 0
+
+
+def one_line(proc, *words, code=2):
+    """proc failed with exit `code`, one stderr line naming every word, no traceback."""
+    assert proc.returncode == code, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for word in words:
+        assert word in lines[0], f"{word!r} not in {lines[0]!r}"
+    return lines[0]

@@ -60,6 +60,24 @@ def data_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".labkit" / "data"
 
 
+def data_dir_problem() -> str | None:
+    """Why $LABKIT_DATA cannot be used (it names a file, a broken link or a symlink loop), in one line; else None."""
+    env = os.environ.get("LABKIT_DATA", "").strip()
+    where = Path(env).expanduser() if env else None
+    if where is None or not os.path.lexists(where) or where.is_dir():
+        return None
+    return (f"LABKIT_DATA={env} is not a folder (a file, a broken link or a symlink loop), so no data set can be "
+            "found or kept there; point it at a folder (export LABKIT_DATA=~/labkit-data) or unset it")
+
+
+def check_data_dir() -> Path:
+    """data_dir(), or ValueError with data_dir_problem()'s line: a bad setting is named, never read as 'no data'."""
+    problem = data_dir_problem()
+    if problem:
+        raise ValueError(problem)
+    return data_dir()
+
+
 OWNER_FILE = ".labkit-owner"
 
 

@@ -7,6 +7,9 @@ the old content); any failure (disk full, kill -9, an exception) leaves the prev
 `replacing` / `replacing_path` are the two doors (an open file, or a path for a library that writes by name);
 write_text, write_json, write_notebook are built on them. `check_space` reserves the bytes a
 file will need before the compute starts, so a full disk is reported first, not after the run.
+The temporary file is `.NAME.p<pid>.<random>.tmp<suffix>`: removed on every exit Python sees, and one left by a
+kill -9 is removed by the next write of NAME once its writer's pid is gone or it is over an hour old.
+A lock file is removed by its holder when the write is done, so none accumulate.
 """
 from __future__ import annotations
 
@@ -14,13 +17,16 @@ import contextlib
 import errno
 import json
 import os
+import re
 import stat
 import tempfile
 import time
 from pathlib import Path
 
-LOCK_TIMEOUT_S = 60.0
-RESULTS_RESERVE_BYTES = 64 * 1024  # a results or JSON file of labkit's: the old and the new copy side by side  # how long a writer waits for another process's merge before it refuses
+LOCK_TIMEOUT_S = 60.0  # how long a writer waits for another process's merge before it refuses
+RESULTS_RESERVE_BYTES = 64 * 1024  # a results or JSON file of labkit's: the old and the new copy side by side
+STALE_TEMP_S = 3600.0  # a temporary file this old whose writer cannot be told is a leftover
+_TEMP_PID = re.compile(r"p(\d+)\.[^.]+\.(?:tmp|space)")  # after ".NAME."
 
 
 # ----------------------------------------------------------------------------- the one writer
@@ -62,6 +68,39 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+def _writer_gone(name: str, age_s: float) -> bool:
+    """True when a temp file (name: what follows ".TARGET.") is over STALE_TEMP_S old or its writer pid is gone."""
+    match = _TEMP_PID.match(name)
+    if age_s > STALE_TEMP_S or match is None:
+        return age_s > STALE_TEMP_S
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        pass
+    return False
+
+
+def sweep_stale_temps(target: Path) -> None:
+    """Remove the temporary files a killed writer of target left beside it (see the module's docstring)."""
+    now = time.time()
+    for pattern in (f".{target.name}.*.tmp{target.suffix}", f".{target.name}.*.space"):
+        for old in target.parent.glob(pattern):
+            try:
+                if _writer_gone(old.name[len(target.name) + 2:], now - old.lstat().st_mtime):
+                    old.unlink()
+            except OSError:  # gone meanwhile, or not ours to remove
+                pass
+
+
+def _named(err: OSError, target: Path) -> OSError:
+    """err with the file it was writing named (os.write's ENOSPC names none)."""
+    if err.filename is None and err.errno is not None:
+        return OSError(err.errno, err.strerror or str(err), str(target))  # OSError picks the errno's subclass
+    return err
+
+
 @contextlib.contextmanager
 def replacing_path(path, *, follow_symlinks: bool = True):
     """Yield a temporary path beside path's target; when the block ends cleanly, that file is fsynced and
@@ -70,11 +109,13 @@ def replacing_path(path, *, follow_symlinks: bool = True):
     target = target_of(path, follow_symlinks)
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    sweep_stale_temps(target)
     # the target's extension last: writers that pick a format by it (Keras' .h5) see the right one
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=f".tmp{target.suffix}")
-    os.close(fd)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.p{os.getpid()}.",
+                                suffix=f".tmp{target.suffix}")
     tmp = Path(name)
     try:
+        os.close(fd)
         yield tmp
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -83,8 +124,10 @@ def replacing_path(path, *, follow_symlinks: bool = True):
             os.close(fd)
         os.chmod(tmp, _new_mode(target))
         os.replace(tmp, target)
+    except OSError as err:
+        raise _named(err, target) from None
     finally:
-        if tmp.exists():
+        with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     _fsync_folder(target.parent)
 
@@ -129,7 +172,7 @@ def check_space(path, nbytes: int, name: str = "path") -> None:
     unwritable folder is a ValueError naming `name` now, before the compute, not after it."""
     target = target_of(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".space")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.p{os.getpid()}.", suffix=".space")
     except OSError as err:
         raise ValueError(f"{name}: cannot write {path} ({err.strerror or err})") from None
     try:
@@ -154,30 +197,49 @@ def lock_path(path) -> Path:
     return target.with_name(f".{target.name}.lock")
 
 
+def _acquire(fd: int, lock: Path, path, timeout: float) -> bool:
+    """Wait for the lock on fd; False when lock's file was removed (or replaced) meanwhile: open it again."""
+    import fcntl
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                waited = f" for over {timeout:g} s" if timeout > 0 else ""
+                raise TimeoutError(f"{path} is being written by another process (pid {holder}, lock "
+                                   f"{lock}){waited}; wait for it to finish or write to another file") from None
+            time.sleep(0.05)
+    try:
+        return os.stat(lock).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
 @contextlib.contextmanager
 def locked(path, timeout: float = LOCK_TIMEOUT_S):
     """Hold an exclusive fcntl lock on path's lock file (creating its folder) while the block runs; the
-    holder's pid is written in it, so a writer that waits past timeout refuses naming that pid."""
-    import fcntl
-
+    holder's pid is written in it, so a writer that waits past timeout refuses naming that pid. The holder
+    removes the lock file before it lets go; a waiter that then gets the removed file's lock opens it again."""
     lock = lock_path(path)
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            if _acquire(fd, lock, path, timeout):
                 break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-                    raise TimeoutError(f"{path} is being written by another process (pid {holder}, lock "
-                                       f"{lock}) for over {timeout:g} s; wait for it to finish or write "
-                                       "to another file") from None
-                time.sleep(0.05)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
         os.ftruncate(fd, 0)  # the lock file holds only the holder's pid; it is no one's data
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield lock
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # while held: a waiter on this file then finds it gone and opens the new one
         os.close(fd)  # closing the descriptor releases the lock

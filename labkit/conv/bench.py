@@ -10,16 +10,13 @@ the reader's business.
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from labkit.base import config, machine, resultsfile
+from labkit.base import config, machine
 from labkit import conv
 from labkit.conv.shapes import _check_chunk_size
 from labkit.base.timing import Timing, compare, gemm_rate, load_average, timeit  # noqa: F401  (bench.timeit in 02_im2col)
@@ -385,19 +382,23 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
             row.paired = {name: float(np.median(np.divide(timings[bottom].times, timings[top].times)))
                           for name, (top, bottom) in RATIOS.items() if top in timings and bottom in timings}
         if naive and "naive" in methods:  # ~1e4 times slower: time them on one small image and a few filters
-            small = min(naive_size, layer.size)
-            xs, ws = x[:1, :small, :small], w[..., : settings["naive_c_out"]]
-            t = timeit(lambda: conv.conv2d_naive(xs, ws, 1, "SAME"), repeats=3, min_time=0.0, clock=clock)
-            row.gflops["naive"] = t.gflops(conv.geometry(xs.shape, layer.kernel, 1, "SAME").flops(ws.shape[3]),
-                                           "best" if stat == "best" else "median")
-            row.median_ms["naive"], row.spread_ms["naive"] = t.median * 1e3, t.spread * 1e3
-            row.best_ms["naive"] = t.best * 1e3
-            row.naive_shape = xs.shape + (ws.shape[3],)
+            _time_naive(row, x[:1, :min(naive_size, layer.size), :min(naive_size, layer.size)],
+                        w[..., : settings["naive_c_out"]], clock, stat)
         result.layers.append(row)
         if progress:
             progress(row)
     result.load_average.append(load_average())
     return result
+
+
+def _time_naive(row, xs, ws, clock, stat) -> None:
+    """The naive loops on xs (one small image) and ws (a few filters), into row."""
+    t = timeit(lambda: conv.conv2d_naive(xs, ws, 1, "SAME"), repeats=3, min_time=0.0, clock=clock)
+    row.gflops["naive"] = t.gflops(conv.geometry(xs.shape, ws.shape[0], 1, "SAME").flops(ws.shape[3]),
+                                   "best" if stat == "best" else "median")
+    row.median_ms["naive"], row.spread_ms["naive"] = t.median * 1e3, t.spread * 1e3
+    row.best_ms["naive"] = t.best * 1e3
+    row.naive_shape = xs.shape + (ws.shape[3],)
 
 
 def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 1024, "auto", 8192, 32768, None),
@@ -431,94 +432,11 @@ def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 102
 
 
 # ----------------------------------------------------------------------------------------------------
-# labkit conv-bench
-
-
-def _unwritable(path: str) -> str:
-    """Why `path` cannot be written as a file ('' when it can): checked before minutes of compute."""
-    target = Path(path)
-    if target.is_dir():
-        return "is a folder; give a file name"
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        return f"{folder} is not a folder" if folder.exists() else f"folder {folder} does not exist"
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        return "not writable"
-    return ""
+# labkit conv-bench: labkit.conv.bench_cli
 
 
 def cli_main(argv: list) -> int:
-    parser = argparse.ArgumentParser(
-        prog="labkit conv-bench",
-        description="Time naive loops, im2col + GEMM (numpy and TensorFlow engines), tf.nn.conv2d and bare GEMMs "
-                    "(numpy's, TensorFlow's) on "
-                    "ResNet-50's 3x3 and 1x1 conv layers (float32, one process, warm-up excluded, round-robin "
-                    "repeats). Batch size and repeats follow LABKIT_PROFILE.",
-        epilog="For a fair BLAS: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE labkit conv-bench",
-    )
-    parser.add_argument("--json", metavar="FILE", help="also write the results (GFLOP/s, ratios, machine) as JSON")
-    parser.add_argument("--batch-size", type=int, help="images per batch (default: by profile, quick=2, workshop=8)")
-    parser.add_argument("--repeats", type=int, help="timed repeats per method (default: by profile)")
-    parser.add_argument("--chunk-size", default="auto",
-                        help="im2col rows per GEMM: 'auto' (default, about 2 MiB), a number, or 0 = whole batch, one GEMM")
-    parser.add_argument("--kernels", default="3,1", help="which layers: '3', '1' or '3,1' (default)")
-    parser.add_argument("--no-naive", action="store_true", help="skip the naive loops")
-    parser.add_argument("--methods", default=",".join(METHODS),
-                        help=f"which methods to time, comma-separated (default: all of {','.join(METHODS)}); "
-                             "'im2col,tf' alternates just those two, each pair back to back")
-    parser.add_argument("--threads", type=int,
-                        help="threads for every method (default: BLAS's and TensorFlow's own); 1 compares single "
-                             "cores")
-    parser.add_argument("--stat", choices=("best", "median", "paired"), default="best",
-                        help="GFLOP/s and ratios at each method's fastest repeat (default: other programs only "
-                             "ever slow a repeat down), at the median, or 'paired': each ratio taken within every "
-                             "round-robin round, median over the rounds")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time by CPU time (all threads) instead of wall-clock: GFLOP/s per busy core, "
-                             "hardly moved by other programs; best with --threads 1")
-    args = parser.parse_args(argv)
-    for name in ("batch_size", "repeats", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.chunk_size != "auto":
-        if not args.chunk_size.isdigit():
-            parser.error(f"--chunk-size must be 'auto' or a number >= 0; got {args.chunk_size!r}")
-        args.chunk_size = int(args.chunk_size) or None
-    try:
-        kernels = {int(k) for k in args.kernels.split(",")}
-    except ValueError:
-        parser.error(f"--kernels must be a comma-separated list of 3 and 1; got {args.kernels!r}")
-    if not kernels or not kernels <= {1, 3}:
-        parser.error(f"--kernels must be a comma-separated list of 3 and 1; got {args.kernels!r}")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if not methods or not set(methods) <= set(METHODS):
-        parser.error(f"--methods must be a comma-separated list of {','.join(METHODS)}; got {args.methods!r}")
+    """`labkit conv-bench` (its parser and checks live in labkit.conv.bench_cli)."""
+    from labkit.conv import bench_cli
 
-    try:
-        default_settings()  # an unknown LABKIT_PROFILE, before TensorFlow starts
-    except ValueError as err:
-        print(f"labkit conv-bench: {err}", file=sys.stderr)
-        return 2
-    if args.json:
-        problem = _unwritable(args.json)
-        if problem:
-            print(f"labkit conv-bench: --json {args.json}: {problem}", file=sys.stderr)
-            return 2
-        try:  # room for the file (the old copy stays until the new one is complete), before the compute
-            resultsfile.check_space(args.json, resultsfile.RESULTS_RESERVE_BYTES, "--json")
-        except ValueError as err:
-            print(f"labkit conv-bench: {err}", file=sys.stderr)
-            return 2
-    start = time.perf_counter()
-    result = conv_bench(layers=[layer for layer in RESNET50_LAYERS if layer.kernel in kernels],
-                        batch_size=args.batch_size, repeats=args.repeats, chunk_size=args.chunk_size,
-                        naive=not args.no_naive, threads=args.threads, cpu_time=args.cpu_time, stat=args.stat,
-                        methods=methods,
-                        progress=lambda row: print(f"  {row.layer}: done", file=sys.stderr, flush=True))
-    print()
-    print(result)
-    print(f"total wall time {time.perf_counter() - start:.1f} s")
-    if args.json:
-        resultsfile.write_json(args.json, result.to_dict(), indent=1, default=float)
-        print(f"wrote {args.json}")
-    return 0
+    return bench_cli.main(argv)

@@ -46,11 +46,12 @@ class CorruptDataError(ValueError):
     """A data file that is truncated, corrupted or not what it claims to be; the message says what to do."""
 
 
-def _candidate_dirs(data_dir=None) -> list[Path]:
+def _candidate_dirs(data_dir=None, check: bool = True) -> list[Path]:
+    """Where CIFAR-10 is looked for; a LABKIT_DATA that is not a folder is a ValueError naming it (check=True)."""
     dirs = []
     if data_dir is not None:
         dirs.append(Path(data_dir).expanduser())
-    dirs.append(config.data_dir())
+    dirs.append(config.check_data_dir() if check else config.data_dir())
     dirs.append(Path.home() / ".keras" / "datasets")
     return dirs
 
@@ -260,22 +261,39 @@ def _writable_dir(target: Path) -> Path:
 def fetch_cifar10(data_dir=None, *, force: bool = False) -> Path:
     """Download the official archive into data_dir (default $LABKIT_DATA) and verify its MD5; returns its path.
 
-    force=True first deletes what is there (the archive and the extracted folder, e.g. files that failed their
-    checksum) and downloads again. (01_cnn_basics)
+    force=True downloads again even when a copy is there (e.g. files that failed their checksum): into a
+    temporary folder beside it, verified and extracted there, and only then moved over the old archive and
+    folder, so a failed download (no internet on a compute node) leaves the old copy as it was. (01_cnn_basics)
     """
     target = _writable_dir(Path(data_dir).expanduser() if data_dir is not None else config.data_dir())
     archive = target / CIFAR10_ARCHIVE
-    if force:
-        shutil.rmtree(target / CIFAR10_DIRNAME, ignore_errors=True)
-        for name in _ARCHIVE_NAMES:
-            (target / name).unlink(missing_ok=True)
-    if archive.is_file() and md5(archive) == CIFAR10_MD5:
+    if not force and archive.is_file() and md5(archive) == CIFAR10_MD5:
         return archive
+    if not force:
+        return _download(target, target)
+    tmp = Path(tempfile.mkdtemp(prefix=".cifar10-fetch-", dir=target))
+    try:
+        fresh = _extract(_download(tmp, target))  # verified (MD5) and extracted before anything old is touched
+        os.replace(tmp / CIFAR10_ARCHIVE, archive)
+        folder = target / CIFAR10_DIRNAME
+        if os.path.lexists(folder):
+            os.replace(folder, tmp / "old")  # removed with tmp below
+        os.replace(fresh, folder)
+        for name in _ARCHIVE_NAMES[1:]:
+            (target / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return archive
+
+
+def _download(folder: Path, target: Path) -> Path:
+    """The official archive downloaded into folder (target's own, or a temporary one in it) with its MD5 checked
+    (keras.utils.get_file)."""
     from tensorflow import keras
 
     try:
         path = keras.utils.get_file(fname=CIFAR10_ARCHIVE, origin=CIFAR10_URL, file_hash=CIFAR10_MD5,
-                                    hash_algorithm="md5", cache_dir=str(target), cache_subdir="")
+                                    hash_algorithm="md5", cache_dir=str(folder), cache_subdir="")
     except ValueError as err:  # get_file's checksum failure
         raise CorruptDataError(f"the download of {CIFAR10_URL} failed its MD5 check ({err}). Try again; if it "
                                f"keeps failing, copy {CIFAR10_ARCHIVE} into {target} by hand.") from err

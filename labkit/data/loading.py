@@ -252,7 +252,8 @@ def cli_main(argv: list[str]) -> int:
     fetch.add_argument("dataset", choices=["cifar10"], help="which data set")
     fetch.add_argument("--dir", default=None, help="where to put it (default: $LABKIT_DATA or ~/.labkit/data)")
     fetch.add_argument("--force", action="store_true",
-                       help="delete what is there (e.g. files that failed their checksum) and download again")
+                       help="download again even if a copy is there (e.g. files that failed their checksum); the old "
+                            "copy is replaced only once the new one is downloaded and verified")
     sub.add_parser("where", help="show where labkit looks for data and what it finds")
     args = parser.parse_args(argv)
     if args.action is None:
@@ -260,13 +261,16 @@ def cli_main(argv: list[str]) -> int:
         return 0
     if args.action == "where":
         print(config.describe())
-        for d in _candidate_dirs():
+        for d in _candidate_dirs(check=False):
             batches, archives = d / CIFAR10_DIRNAME, [d / a for a in _ARCHIVE_NAMES if (d / a).is_file()]
-            found = ("extracted" if find_cifar10(d) == batches else "") or (
-                f"archive {archives[0].name}" if archives else "nothing")
+            extracted = (batches / "data_batch_1").is_file() and (batches / "test_batch").is_file()
+            found = "extracted" if extracted else f"archive {archives[0].name}" if archives else "nothing"
             if os.path.lexists(d) and not d.is_dir():  # a file, a dangling link or a symlink loop
                 found = "not a folder" + (" (LABKIT_DATA points here)" if d == config.data_dir() else "")
             print(f"  {d}: {found}")
+        if config.data_dir_problem():
+            print(f"load_dataset() stops with an error: {config.data_dir_problem()}")
+            return 1
         batches = find_cifar10() or _find_archive()
         problem = cifar10_problem() if batches else None
         if problem:

@@ -366,7 +366,7 @@ def parser(prog: str, description: str):
 
 
 def run_cli(name: str, args, nodes: int, experiment, out: Path, table_of, check=None) -> int:
-    """Check the arguments (plus `check()`, raising ValueError), start a cluster of `nodes` if none is up,
+    """Check the arguments (plus `check()`, raising ValueError; --model as the ranks will build it), start a cluster of `nodes` if none is up,
     run `experiment(rates)`, write its results to `out` and print `table_of(results)`."""
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     try:
@@ -376,7 +376,9 @@ def run_cli(name: str, args, nodes: int, experiment, out: Path, table_of, check=
             raise ValueError(f"--batch-size must be >= 1; got {args.batch_size}")
         if check:
             check()
-    except ValueError as err:
+        from labkit.scale import scaling
+        scaling.check_model(args.model, "--model")  # before the cluster comes up, not in its ranks
+    except (ValueError, RuntimeError) as err:
         print(f"{name}: {err}", file=sys.stderr)
         return 2
     reason = why_not()

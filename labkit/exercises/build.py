@@ -200,13 +200,16 @@ def _sha256(data: bytes) -> str:
 
 
 def _manifest(out_dir: Path) -> dict:
-    """{notebook name: sha256} of what build wrote into out_dir ({} when it wrote nothing there)."""
+    """{notebook name: [sha256, ...]} of what build wrote into out_dir ({} when it wrote nothing there): while a
+    build runs a name lists the old and the new content, so the manifest agrees with the file whichever it holds."""
     import json
     try:
         written = json.loads((out_dir / MANIFEST).read_text()).get("written", {})
     except (OSError, ValueError, AttributeError):
         return {}
-    return written if isinstance(written, dict) else {}
+    if not isinstance(written, dict):
+        return {}
+    return {name: [v] if isinstance(v, str) else list(v) for name, v in written.items() if isinstance(v, (str, list))}
 
 
 def foreign_notebooks(out_dir, names) -> list[str]:
@@ -220,12 +223,22 @@ def foreign_notebooks(out_dir, names) -> list[str]:
         if not os.path.lexists(path):
             continue
         try:
-            ours = not path.is_symlink() and _sha256(path.read_bytes()) == mine.get(name)
+            ours = not path.is_symlink() and _sha256(path.read_bytes()) in mine.get(name, [])
         except OSError:
             ours = False
         if not ours:
             foreign.append(name)
     return foreign
+
+
+def _check_inodes(out_dir: Path, names) -> None:
+    """ValueError naming DIR when its file system has fewer free files (inodes) than the build makes: the new
+    notebooks, the manifest and one temporary file at a time. A file system without an inode count passes."""
+    st = os.statvfs(out_dir)
+    need = sum(not os.path.lexists(out_dir / n) for n in [*names, MANIFEST]) + 1
+    if st.f_files and st.f_favail < need:
+        raise ValueError(f"DIR: cannot write {out_dir} (its file system has {st.f_favail} free inodes, the "
+                         f"build needs {need}); free some files there or choose another folder")
 
 
 def build(out_dir, source=None, force: bool = False) -> list[Path]:
@@ -256,13 +269,17 @@ def build(out_dir, source=None, force: bool = False) -> list[Path]:
                          "be overwritten. Choose an empty folder, or pass --force to replace them")
     out_dir.mkdir(parents=True, exist_ok=True)
     resultsfile.check_space(out_dir / MANIFEST, sum(len(b) for b in rendered.values()) + 4096, "DIR")
+    _check_inodes(out_dir, rendered)
     written, mine = [], _manifest(out_dir)
     for name, data in rendered.items():
         target = out_dir / name
-        resultsfile.write_bytes(target, data, follow_symlinks=False)  # a link in the way is replaced, not followed
-        mine[name] = _sha256(data)
+        # the manifest first names both contents: a failure at either write leaves it agreeing with the file
+        mine[name] = [*mine.get(name, [])[-1:], _sha256(data)]
         resultsfile.write_json(out_dir / MANIFEST, {"written": mine}, follow_symlinks=False)
+        resultsfile.write_bytes(target, data, follow_symlinks=False)  # a link in the way is replaced, not followed
+        mine[name] = [_sha256(data)]
         written.append(target)
+    resultsfile.write_json(out_dir / MANIFEST, {"written": mine}, follow_symlinks=False)
     return written
 
 

@@ -62,7 +62,8 @@ for epoch in range(args.epochs):
         mean_loss.update_state(train_step(*next(batches), epoch == 0 and step == 0))
     loss = hvd.allreduce(mean_loss.result())  # the average over the ranks, not rank 0's shard
     if hvd.rank() == 0:  # one writer, one printer
-        model.save_weights(args.checkpoint)
+        model.save_weights(args.checkpoint + ".part.h5")  # whole under a temporary name, then renamed:
+        os.replace(args.checkpoint + ".part.h5", args.checkpoint)  # a kill mid-write keeps the last checkpoint
         print(f"epoch {epoch + 1}/{args.epochs}: {info.name}, loss {float(loss):.3f}")
 # the sync proof: every rank prints the checksum of its weights, equal on all ranks when they trained in step
 print(f"rank {hvd.rank()}: weights checksum {rankstats.weights_checksum(model.trainable_weights)}")

@@ -21,6 +21,7 @@ from labkit.sweep.runner import (
     run_sweep,
 )
 from labkit.sweep.store import (
+    ResultsNotSaved,
     check_writable,
     load_results,
     merge_records,
@@ -30,7 +31,7 @@ from labkit.sweep.store import (
 )
 
 __all__ = sorted([
-    "SweepRun", "check_writable", "config_key", "config_name", "kill_pool", "load_results", "measure_speedup",
+    "ResultsNotSaved", "SweepRun", "check_writable", "config_key", "config_name", "kill_pool", "load_results", "measure_speedup",
     "merge_records", "new_pool", "pareto_front", "plot_speedup", "raise_interrupt", "records_dataframe",
     "run_config", "run_sweep", "settings_mismatch", "write_results",
 ])

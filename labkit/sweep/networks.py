@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from labkit.base import config
+from labkit.base import config, machine
 from labkit import sweep
 from labkit.sweep.runner import pareto_front  # noqa: F401  (the front is the runner's; re-exported for the notebook)
 
@@ -295,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "result is saved as it lands, so an interrupted sweep resumes where it stopped.",
         epilog="Example: labkit sweep --workers 2 --out runs/sweep.jsonl --resume")
     parser.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--oversubscribe", action="store_true",
+                        help="allow more workers than this machine has cores (each gets a slice of a core)")
     parser.add_argument("--threads-per-worker", type=_positive_int, default=None,
                         help="compute threads per worker (default: cores // workers)")
     parser.add_argument("--out", type=Path, default=Path("runs/sweep.jsonl"),
@@ -317,17 +319,37 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _pick_configs(args) -> list[dict]:
+    """The configs --configs names (all 16 without it); ValueError naming --configs, or --workers when more
+    workers than cores would train them (as `labkit scale --np`)."""
+    configs = network_configs()
+    if args.configs is not None:
+        by_name = {network_name(c): c for c in configs}
+        wanted = [n.strip() for n in args.configs.split(",") if n.strip()]
+        if not wanted:
+            raise ValueError(f"--configs names no config ({args.configs!r}); give names such as "
+                             f"{', '.join(list(by_name)[:2])}, or leave --configs out for all 16")
+        unknown = [n for n in wanted if n not in by_name]
+        if unknown:
+            raise ValueError(f"--configs has unknown names {', '.join(unknown)}; choose from {', '.join(by_name)}")
+        configs = [by_name[n] for n in wanted]
+    cores = machine.cores()
+    if args.workers > cores and not args.oversubscribe and not args.list:
+        raise ValueError(f"--workers {args.workers} starts more worker processes than this machine has cores "
+                         f"({cores}); each would get a slice of a core and nothing would finish for minutes. Use "
+                         f"--workers up to {cores}, or pass --oversubscribe to run it anyway")
+    return configs
+
+
 def cli_main(argv: list[str]) -> int:
     """`labkit sweep [--workers K] [--out FILE] [--resume]` (05_network_sweep)."""
     args = build_parser().parse_args(argv)
-    configs = network_configs()
-    if args.configs:
-        by_name = {network_name(c): c for c in configs}
-        wanted = [n.strip() for n in args.configs.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in by_name]
-        if unknown:
-            return _fail(f"--configs has unknown names {', '.join(unknown)}; choose from {', '.join(by_name)}")
-        configs = [by_name[n] for n in wanted]
+    try:
+        configs = _pick_configs(args)
+        if not args.list:
+            config.check_data_dir()  # a LABKIT_DATA that is a file is named, not taken for "no CIFAR-10"
+    except ValueError as err:
+        return _fail(str(err))
     if args.list:
         table = config_table(configs)
         print(f"{'config':<14} {'params':>8} {'memory (KB)':>12} {'M MACs/image':>13}")
@@ -361,6 +383,14 @@ def cli_main(argv: list[str]) -> int:
         print(f"labkit sweep: interrupted; {kept} finished results kept in {args.out} (--resume continues)",
               file=sys.stderr)
         return 130
+    except sweep.ResultsNotSaved as err:  # the results it trained were printed as JSON lines first
+        _fail(str(err))
+        return 1
+    _print_results(run)
+    return 1 if run.failed else 0
+
+
+def _print_results(run) -> None:
     ok = [r for r in run.records if r["status"] == "ok"]
     front = {ok[i]["key"] for i in pareto_front([(r["memory_bytes"], r["accuracy"]) for r in ok])}
     print(f"{'config':<14} {'memory (KB)':>12} {'accuracy':>9} {'train (s)':>10}  pareto")
@@ -372,4 +402,3 @@ def cli_main(argv: list[str]) -> int:
               f"  {'*' if r['key'] in front else ''}")
     print(f"trained {run.ran}, skipped {run.skipped} finished, failed {len(run.failed)}; "
           f"sweep {run.wall_s:.1f} s (+{run.startup_s:.1f} s worker start-up); results in {run.out}")
-    return 1 if run.failed else 0

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -32,8 +33,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from labkit.base import machine
+from labkit.base.checks import check_int
 from labkit.base.resultsfile import locked
-from labkit.sweep.store import (check_writable, load_results, merge_records, records_dataframe,
+from labkit.sweep.store import (ResultsNotSaved, check_writable, load_results, merge_records, records_dataframe,
                                 settings_mismatch, write_results)
 from labkit.sweep.workerpool import kill_pool, new_pool, raise_interrupt
 
@@ -168,38 +170,13 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
     out, the workers end, KeyboardInterrupt is raised. Workers are spawned, so a script that calls
     run_sweep needs the `if __name__ == "__main__":` guard (notebooks and `labkit sweep` do not). (05_network_sweep)
     """
-    configs = list(configs)
-    keys = [config_key(c) for c in configs]
-    seen = set()
-    for c, k in zip(configs, keys):
-        if k in seen:
-            raise ValueError(f"configs must be unique; {c!r} appears twice")
-        seen.add(k)
-    if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
-        raise ValueError(f"num_workers must be a positive int; got {num_workers!r}")
-    threads = threads_per_worker if threads_per_worker is not None else max(1, machine.cores() // num_workers)
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"threads_per_worker must be a positive int; got {threads_per_worker!r}")
-    if max_new is not None and (not isinstance(max_new, int) or max_new < 0):
-        raise ValueError(f"max_new must be a non-negative int or None; got {max_new!r}")
+    configs, keys, threads = _checked(configs, num_workers, threads_per_worker, max_new)
     out = Path(out)
     check_writable(out)
     namer = getattr(train_fn, "name", None)
     names = [namer(c) if callable(namer) else config_name(c) for c in configs]
     settings = train_fn.settings() if callable(getattr(train_fn, "settings", None)) else None
-
-    done = {}  # key -> record, in file order; records of other configs in the file are kept untouched
-    if resume:
-        for rec in load_results(out):
-            done[rec["key"]] = rec
-        if settings is not None:
-            why = settings_mismatch(done.values(), settings, out)
-            if why:
-                raise ValueError(f"resume: {why}; resume with the same settings, start over with resume=False, "
-                                 "or use another out file")
-    else:
-        with locked(out):
-            write_results(out, [])
+    done = _previous(out, resume, settings)  # key -> record; records of other configs in the file are kept
 
     def finished(key):
         rec = done.get(key)
@@ -210,47 +187,96 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
     if max_new is not None:
         todo = todo[:max_new]
     run = SweepRun(records=[], out=out, num_workers=num_workers, threads_per_worker=threads, skipped=skipped)
-
-    bar = None
-    if progress:
-        from labkit.base import progress as progress_bars  # networks done / total, rate and time left
-
-        bar = progress_bars.bar(len(configs), f"sweep ({num_workers} workers)", "config", initial=skipped)
+    bar = _bar(len(configs), num_workers, skipped) if progress else None
+    unsaved = []
 
     def land(rec):
         # merged under the results file's lock: records another sweep wrote to out meanwhile are kept
-        for merged in merge_records(out, [rec]):
-            done[merged["key"]] = merged
+        try:
+            merged = merge_records(out, [rec])
+        except OSError as err:  # the trained result is not lost: said with the file's name, printed, kept
+            unsaved.append(rec)
+            done[rec["key"]] = rec
+            print(json.dumps(rec, sort_keys=True), file=sys.stderr, flush=True)
+            raise ResultsNotSaved(out, err, unsaved) from None
+        for m in merged:
+            done[m["key"]] = m
         run.ran += 1
         if bar is not None:
             bar.set_postfix_str(f"{rec['name']}: {rec['status']}", refresh=False)
             bar.update(1)
 
-    old_term = None
-    if todo and threading.current_thread() is threading.main_thread():
-        old_term = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM = Ctrl-C: keep results, end workers
     try:
-        if todo:
-            pool = new_pool(num_workers, threads, tensorflow)
-            try:
-                t0 = time.perf_counter()
-                if warmup:
-                    _warm_pool(pool, train_fn, num_workers)
-                run.startup_s = time.perf_counter() - t0
-                t1 = time.perf_counter()
-                pool = _drive(pool, todo, train_fn, num_workers, threads, tensorflow, land, run, settings)
-                run.wall_s = time.perf_counter() - t1
-            except BaseException:
-                kill_pool(pool)
-                raise
-            pool.shutdown(wait=True)
+        _train(todo, train_fn, run, land, threads, tensorflow, warmup, settings)
     finally:
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
         if bar is not None:
             bar.close()
     run.records = [done[k] for k in keys if k in done]
     return run
+
+
+def _bar(total, num_workers, skipped):
+    from labkit.base import progress as progress_bars  # networks done / total, rate and time left
+
+    return progress_bars.bar(total, f"sweep ({num_workers} workers)", "config", initial=skipped)
+
+
+def _checked(configs, num_workers, threads_per_worker, max_new):
+    """(configs as a list, their keys, threads per worker), or ValueError naming the bad argument."""
+    configs = list(configs)
+    keys = [config_key(c) for c in configs]
+    seen = set()
+    for c, k in zip(configs, keys):
+        if k in seen:
+            raise ValueError(f"configs must be unique; {c!r} appears twice")
+        seen.add(k)
+    check_int(num_workers, "num_workers", minimum=1)
+    threads = check_int(threads_per_worker if threads_per_worker is not None else
+                        max(1, machine.cores() // num_workers), "threads_per_worker", minimum=1)
+    if max_new is not None:
+        check_int(max_new, "max_new", minimum=0)
+    return configs, keys, threads
+
+
+def _previous(out: Path, resume: bool, settings) -> dict:
+    """The records already in out, by key (resume), after checking their settings; {} and out emptied otherwise."""
+    if not resume:
+        with locked(out):
+            write_results(out, [])
+        return {}
+    done = {rec["key"]: rec for rec in load_results(out)}
+    if settings is not None:
+        why = settings_mismatch(done.values(), settings, out)
+        if why:
+            raise ValueError(f"resume: {why}; resume with the same settings, start over with resume=False, "
+                             "or use another out file")
+    return done
+
+
+def _train(todo, train_fn, run, land, threads, tensorflow, warmup, settings) -> None:
+    """Start the pool, train todo, end the workers on any exit (SIGTERM acts as Ctrl-C meanwhile)."""
+    if not todo:
+        return
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM = Ctrl-C: keep results, end workers
+    try:
+        pool = new_pool(run.num_workers, threads, tensorflow)
+        try:
+            t0 = time.perf_counter()
+            if warmup:
+                _warm_pool(pool, train_fn, run.num_workers)
+            run.startup_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            pool = _drive(pool, todo, train_fn, run.num_workers, threads, tensorflow, land, run, settings)
+            run.wall_s = time.perf_counter() - t1
+        except BaseException:
+            kill_pool(pool)
+            raise
+        pool.shutdown(wait=True)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
 
 
 def _warm_pool(pool, train_fn, num_workers) -> None:

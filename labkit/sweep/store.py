@@ -52,9 +52,21 @@ def write_results(path, records) -> None:
     write_text(path, "".join(json.dumps(rec, sort_keys=True) + "\n" for rec in records))
 
 
+class ResultsNotSaved(OSError):
+    """A result was trained but its results file could not be written (disk full, ...): the message names the
+    file; .records holds the results not saved, which were also printed on stderr as JSON lines."""
+
+    def __init__(self, path, err: OSError, records: list):
+        super().__init__(err.errno, f"could not write {path} ({err.strerror or err}); {len(records)} trained "
+                                    "result(s) not saved there were printed above as JSON lines (add them to the "
+                                    "file once there is room)")
+        self.records = records
+
+
 def check_writable(path) -> None:
     """Raise ValueError naming `out` when the results file cannot be written there, or the disk has no room for
-    it (before any compute). (05_network_sweep)"""
+    it (before any compute): each write rewrites the whole file beside the old one, so the old file's size is
+    reserved with room for the new records. (05_network_sweep)"""
     path = Path(path)
     target_of(path)  # a symlink loop is one line
     if path.is_dir():
@@ -68,7 +80,11 @@ def check_writable(path) -> None:
         target_of(path).parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"out: cannot write the results file {path} ({err.strerror or err})") from None
-    check_space(path, RESULTS_RESERVE_BYTES, "out")
+    try:
+        size = target_of(path).stat().st_size
+    except OSError:
+        size = 0
+    check_space(path, size + RESULTS_RESERVE_BYTES, "out")
 
 
 def settings_mismatch(records, settings: dict, path="the results file") -> str | None:

@@ -109,3 +109,23 @@ def test_header_names_the_one_horovod_build():
         assert text.startswith("none found")
         return
     assert text.startswith(horovod.__version__ + " (controllers: ") and "Gloo" in text
+
+
+_EDIT_DURING_THE_RUN = """
+from pathlib import Path
+p = Path("edited.ipynb")  # the kernel runs in the notebook's folder: the instructor saves a fix meanwhile
+p.write_text(p.read_text().replace("# a notebook", "# a notebook, typo fixed"))
+"""
+
+
+def test_a_notebook_edited_while_it_ran_keeps_the_edit_and_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(refresh, "load_gate", lambda force, load, cores: None)
+    monkeypatch.setattr(refresh, "horovod_build", lambda: "not asked in this test")
+    edited = small_notebook(tmp_path / "edited.ipynb", _EDIT_DURING_THE_RUN, "print('ran')")
+    other = small_notebook(tmp_path / "other.ipynb", "print('ran')")
+    assert refresh.main([str(edited), str(other), "--timeout", "120"]) == 1
+    out, err = capsys.readouterr()
+    assert "edited.ipynb: changed on disk while it ran" in err and "wrote nothing for it" in err
+    kept = nbformat.read(str(edited), as_version=4)
+    assert kept.cells[0].source == "# a notebook, typo fixed" and not kept.cells[2].outputs  # the edit, no run
+    assert nbformat.read(str(other), as_version=4).cells[1].outputs[0].text == "ran\n"  # the others are written

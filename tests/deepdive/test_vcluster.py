@@ -89,6 +89,20 @@ def test_measure_cli_bad_input_is_one_line_and_exit_2(args, expected):
     assert res.returncode == 2 and res.stderr.strip() == expected, res
 
 
+@pytest.mark.parametrize("module", ["vcluster", "nodescale"])
+def test_an_unknown_model_is_refused_before_the_cluster_comes_up(module, monkeypatch, capsys, tmp_path):
+    import importlib
+
+    from labkit.deepdive import vcluster
+    monkeypatch.setattr(vcluster, "why_not", lambda: None)  # as on a machine that can build the cluster
+    monkeypatch.setattr(vcluster, "up", lambda *a, **k: pytest.fail("the cluster came up before --model was checked"))
+    monkeypatch.setattr(vcluster, "nodes_up", lambda: 0)
+    main = importlib.import_module(f"labkit.deepdive.{module}").main
+    assert main(["--model", "no_such_net", "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{module}: --model must be one of" in err and "no_such_net" in err
+
+
 def test_modules_import_without_tensorflow():
     code = "import sys, labkit.deepdive.vcluster, labkit.deepdive.nodescale, labkit.deepdive.timeline; print('tensorflow' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -1,0 +1,201 @@
+"""`labkit scale` and localscale: outputs checked before the launch, impossible launches refused up front."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit.base import resultsfile
+
+from helpers import ENV, fill, labkit_cli, one_line, sha, small_tmpfs  # noqa: E402
+
+
+def test_localscale_out_on_a_full_disk_is_refused_before_the_runs(tmp_path, monkeypatch, capsys):
+    from labkit.scale import localscale
+    monkeypatch.setattr(localscale, "controller_cost", lambda *a, **k: pytest.fail("ran before checking --out"))
+    with small_tmpfs(tmp_path / "disk") as disk:
+        target = disk / "controllers.json"
+        resultsfile.write_json(target, {"rows": "committed measurements"})
+        before = target.read_bytes()
+        fill(disk)
+        assert localscale.main(["--out", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--out" in err and "No space left" in err
+        assert target.read_bytes() == before
+
+
+@pytest.fixture
+def fake_ranks(monkeypatch):
+    """scaling.run answers at once with two launches' summaries; the memory estimate is not asked for."""
+    from labkit.scale import scaling
+
+    def ranks(n):
+        return [{"size": n, "batch_size": 8, "global_batch_size": 8 * n, "images_per_sec_repeats": [10.0, 11.0],
+                 "step_time_s": 0.1, "final_loss": 2.0, "checksum": "abc", "threads": 1, "model": "small_cnn",
+                 "data": "synthetic", "sync": True} for _ in range(n)]
+
+    def run(nps, **kw):
+        import pandas as pd
+        return scaling.efficiency(pd.DataFrame([scaling.summarize(ranks(n)) for n in nps]))
+
+    monkeypatch.setattr(scaling, "run", run)
+    monkeypatch.setattr(scaling, "check_memory", lambda *a, **k: None)
+
+
+def test_scale_json_on_a_full_disk_is_refused_before_the_launch(tmp_path, capsys, monkeypatch):
+    from labkit.scale import scaling
+    monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("launched before checking --json"))
+    monkeypatch.setattr(scaling, "check_memory", lambda *a, **k: None)
+    with small_tmpfs(tmp_path / "disk") as disk:
+        target = disk / "scale.json"
+        resultsfile.write_json(target, {"runs": "the good old ones"})
+        before = target.read_bytes()
+        fill(disk)
+        with pytest.raises(SystemExit) as e:
+            scaling.cli_main(["--np", "1", "--json", str(target)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and "--json" in err and "No space left" in err
+        assert target.read_bytes() == before
+
+
+def test_scale_json_through_a_symlink_and_a_hard_link(tmp_path, fake_ranks):
+    from labkit.scale import scaling
+    shared = tmp_path / "share" / "scale.json"
+    shared.parent.mkdir()
+    shared.write_text("{}\n")
+    link = tmp_path / "scale.json"
+    link.symlink_to(shared)
+    assert scaling.cli_main(["--np", "1,2", "--json", str(link), "--quiet"]) == 0
+    assert link.is_symlink() and [r["np"] for r in json.loads(shared.read_text())["runs"]] == [1, 2]
+    keep = tmp_path / "keep.json"
+    os.link(shared, keep)
+    before = sha(keep)
+    assert scaling.cli_main(["--np", "1", "--json", str(shared), "--quiet"]) == 0
+    assert sha(keep) == before and [r["np"] for r in json.loads(shared.read_text())["runs"]] == [1]
+
+# ================================================================ scale: refused before any launch
+@pytest.fixture
+def fake_horovodrun(tmp_path):
+    marker = tmp_path / "ranks-started"
+    exe = tmp_path / "horovodrun"
+    exe.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    exe.chmod(0o755)
+    return {"LABKIT_HOROVODRUN": str(exe)}, marker
+
+
+def test_more_ranks_than_cores_needs_oversubscribe(fake_horovodrun):
+    from labkit.base import machine
+    env, marker = fake_horovodrun
+    many = str(max(64, machine.cores() + 1))
+    t0 = time.perf_counter()
+    line = one_line(labkit_cli("scale", "--np", many, env_extra=env), f"--np {many}", "--oversubscribe")
+    assert str(machine.cores()) in line and not marker.exists()
+    assert time.perf_counter() - t0 < 60  # said at once, not after the 600 s timeout
+
+
+def test_oversubscribe_lets_the_launch_go(monkeypatch, fake_ranks):
+    from labkit.base import machine
+    from labkit.scale import scaling
+    monkeypatch.setattr(machine, "cores", lambda: 1)
+    with pytest.raises(SystemExit):
+        scaling.cli_main(["--np", "2", "--quiet"])
+    assert scaling.cli_main(["--np", "2", "--quiet", "--oversubscribe"]) == 0
+
+
+def test_a_batch_that_cannot_fit_in_memory_is_refused_with_the_estimate(fake_horovodrun):
+    env, marker = fake_horovodrun
+    line = one_line(labkit_cli("scale", "--np", "1", "--batch-size", "10000000", env_extra=env),
+                    "--batch-size 10000000", "GiB available", "MB of activations per image")
+    assert not marker.exists()
+    fits = int(re.search(r"Use --batch-size (\d+) or less", line).group(1))
+    assert 0 < fits < 10_000_000
+
+
+def test_the_memory_estimate_is_below_what_training_really_takes():
+    """Oracle: the peak resident memory of a real training step of small_cnn grows from batch 32 to batch 1024 by
+    at least labkit.flops' activation estimate for the extra images (the estimate is a floor, so no batch that
+    could run is refused). Each batch size in a fresh process: the peak of one process is its own, whatever
+    another step in it left behind."""
+    from labkit.scale import scaling
+    per_image, _ = scaling._child_bytes("small_cnn")
+    code = textwrap.dedent("""
+        import resource, sys
+        import tensorflow as tf
+        from labkit import models
+        m = models.get("small_cnn", input_shape=(32, 32, 3), classes=10)
+        opt = tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9)
+        loss = tf.keras.losses.SparseCategoricalCrossentropy()
+        def step(n):
+            x, y = tf.random.uniform((n, 32, 32, 3)), tf.zeros((n,), tf.int32)
+            with tf.GradientTape() as tape:
+                l = loss(y, m(x, training=True))
+            opt.apply_gradients(zip(tape.gradient(l, m.trainable_variables), m.trainable_variables))
+        step(32); step(int(sys.argv[1]))
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    """)
+    peak = {}
+    for batch in (32, 1024):
+        out = subprocess.run([sys.executable, "-c", code, str(batch)], capture_output=True, text=True, env=ENV,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        peak[batch] = int(out.stdout.split()[-1])
+    grew = peak[1024] - peak[32]
+    assert grew >= (1024 - 32) * per_image, (peak, per_image)
+
+
+def test_a_rank_killed_by_sigkill_is_said_to_be_out_of_memory(tmp_path, monkeypatch):
+    """A launcher whose rank dies of SIGKILL (as the OOM killer does) the way Horovod's Gloo runner reports it."""
+    from labkit.scale import launch
+    exe = tmp_path / "horovodrun"
+    exe.write_text("#!/bin/sh\nsh -c 'kill -9 $$'\necho 'Process 0 exit with status code 137.'\nexit 1\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv("LABKIT_HOROVODRUN", str(exe))
+    with pytest.raises(launch.HorovodRunError) as err:
+        launch.launch(1, [], progress=False, timeout=60, launcher="gloo")  # the fake is horovodrun
+    text = str(err.value)
+    assert "out-of-memory" in text and "SIGKILL" in text and "--batch-size" in text
+    assert "(no stderr)" not in text
+
+
+def _netns(path: Path):
+    """A persistent network namespace bind-mounted at path (as `ip netns add` makes /run/netns/NAME)."""
+    path.touch()
+    done = subprocess.run(["unshare", f"--net={path}", "true"], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {done.stderr.strip()}")
+
+
+def test_vcluster_hosts_from_the_host_are_refused_and_allowed_from_a_node(tmp_path, monkeypatch, capsys):
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    from labkit.scale import launch, scaling
+    netns = tmp_path / "netns"
+    netns.mkdir()
+    node = netns / "labkit-node1"
+    _netns(node)
+    try:
+        problem = launch.launch_problem("labkit-node1:1,labkit-node2:1", netns_dir=netns)
+        assert problem and "scripts/vcluster.sh exec labkit-node1" in problem
+        inside = subprocess.run(
+            ["nsenter", f"--net={node}", sys.executable, "-c",
+             ("import sys; from pathlib import Path; from labkit.scale import launch; "
+              "print(launch.launch_problem('labkit-node1:1', netns_dir=Path(sys.argv[1])))"), str(netns)],
+            capture_output=True, text=True, env=ENV, timeout=120)
+        assert inside.returncode == 0 and inside.stdout.strip() == "None", inside.stderr
+        assert launch.launch_problem("otherhost:1", netns_dir=netns) is None
+        real = launch.launch_problem
+        monkeypatch.setattr(scaling, "launch_problem", lambda hosts: real(hosts, netns_dir=netns))
+        monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("launched from the host"))
+        with pytest.raises(SystemExit) as e:
+            scaling.cli_main(["--np", "2", "--hosts", "labkit-node1:1,labkit-node2:1"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and "vcluster.sh exec labkit-node1" in err
+    finally:
+        subprocess.run(["umount", str(node)], check=False)
