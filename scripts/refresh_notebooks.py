@@ -2,6 +2,8 @@
 
     make refresh                                    # every notebook, workshop profile, outputs written
     make refresh FORCE=1                            # ... even on a busy machine (says so)
+    LABKIT_STRICT_OBSERVATIONS=1 make refresh       # the committed outputs: on the reference machine, every
+                                                    # observation the prose states must hold (else the notebook fails)
     LABKIT_PROFILE=quick .venv/bin/python scripts/refresh_notebooks.py --no-write   # suite budget check
 
 Instructors use it as the dry run before a workshop: a notebook that fails here fails in the room.
@@ -190,7 +192,10 @@ def main(argv=None) -> int:
     if gate:
         print(gate, flush=True)
     profile = os.environ.get("LABKIT_PROFILE", "workshop")
-    print(f"profile: {profile}  cores: {cores}  load average at the start: {load:.2f}  Horovod: {horovod_build()}")
+    from labkit.base import observe
+    strict = "asserted" if observe.strict() else "reported (LABKIT_STRICT_OBSERVATIONS=1 asserts them)"
+    print(f"profile: {profile}  cores: {cores}  load average at the start: {load:.2f}  Horovod: {horovod_build()}"
+          f"  observations: {strict}")
     if profile == "quick":
         print("quick profile: the asserts guarded by profile() != 'quick' do not run in this pass")
     print(f"{'notebook':<32} {'wall time':>10} {'peak RSS':>10} {'peak PSS':>10} {'load before -> after':>21}",
