@@ -22,7 +22,7 @@ COMMANDS = {
     "plan": ("labkit.base.plans", "the launches each notebook would make on this machine (LABKIT_CORES, LABKIT_MEMORY)"),
     "data": ("labkit.data", "fetch or locate data sets (CIFAR-10) for offline compute nodes"),
     "flops": ("labkit.flops", "per-layer params, MACs and FLOPs of a named model"),
-    "conv-bench": ("labkit.conv.bench", "time naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50 layers"),
+    "conv-bench": ("labkit.conv.bench_cli", "time naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50 layers"),
     "scale": ("labkit.scale.scaling", "run Horovod data-parallel training for several worker counts"),
     "fit-bench": ("labkit.exercises.fitbench", "images/s of Keras model.fit with Horovod against labkit's custom loop"),
     "sweep": ("labkit.sweep.networks", "train the MATLAB white paper's 16 networks in parallel worker processes"),

@@ -432,11 +432,3 @@ def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 102
 
 
 # ----------------------------------------------------------------------------------------------------
-# labkit conv-bench: labkit.conv.bench_cli
-
-
-def cli_main(argv: list) -> int:
-    """`labkit conv-bench` (its parser and checks live in labkit.conv.bench_cli)."""
-    from labkit.conv import bench_cli
-
-    return bench_cli.main(argv)

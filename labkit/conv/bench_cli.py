@@ -96,7 +96,7 @@ def _json_problem(path) -> str:
     return ""
 
 
-def main(argv: list) -> int:
+def cli_main(argv: list) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     kernels, methods = _checked(parser, args)

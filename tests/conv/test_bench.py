@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from labkit.conv import bench
+from labkit.conv import bench_cli
 from labkit.base import timing
 
 
@@ -142,7 +143,7 @@ def test_conv_bench_im2col_vs_tf_only_prints_the_per_layer_table(capsys):
         with pytest.raises(ValueError, match="methods must be"):
             bench.conv_bench(layers, methods=bad)
     with pytest.raises(SystemExit) as exit_:
-        bench.cli_main(["--methods", "im2col,fft"])
+        bench_cli.cli_main(["--methods", "im2col,fft"])
     assert exit_.value.code == 2 and "--methods" in capsys.readouterr().err
 
 
@@ -168,19 +169,19 @@ def test_chunk_sweep_reports_memory_and_rate():
 
 def test_cli_help_and_bad_arguments(capsys):
     with pytest.raises(SystemExit) as exit_:
-        bench.cli_main(["--help"])
+        bench_cli.cli_main(["--help"])
     assert exit_.value.code == 0 and "--json" in capsys.readouterr().out
     for bad in (["--threads", "0"], ["--batch-size", "0"], ["--kernels", "5"], ["--kernels", "x"], ["--chunk-size", "-1"], ["--chunk-size", "x"],
                 ["--stat", "mean"]):
         with pytest.raises(SystemExit) as exit_:
-            bench.cli_main(bad)
+            bench_cli.cli_main(bad)
         assert exit_.value.code == 2
 
 
 def test_unwritable_json_fails_before_any_compute(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "conv_bench", lambda **kw: pytest.fail("computed before checking --json"))
     for bad in (tmp_path / "no-such-folder" / "out.json", tmp_path):
-        assert bench.cli_main(["--json", str(bad)]) == 2
+        assert bench_cli.cli_main(["--json", str(bad)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--json" in err and "Traceback" not in err
 
@@ -188,7 +189,7 @@ def test_unwritable_json_fails_before_any_compute(tmp_path, monkeypatch, capsys)
 def test_unknown_profile_fails_before_any_compute(monkeypatch, capsys):
     monkeypatch.setattr(bench, "conv_bench", lambda **kw: pytest.fail("computed with an unknown profile"))
     monkeypatch.setenv("LABKIT_PROFILE", "bogus")
-    assert bench.cli_main([]) == 2
+    assert bench_cli.cli_main([]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "LABKIT_PROFILE" in err
 

@@ -12,21 +12,21 @@ from helpers import fill, labkit_cli, one_line, small_tmpfs  # noqa: E402
 
 
 def test_conv_bench_json_on_a_full_disk_is_refused_before_the_compute(tmp_path, monkeypatch, capsys):
-    from labkit.conv import bench
+    from labkit.conv import bench, bench_cli
     monkeypatch.setattr(bench, "conv_bench", lambda **kw: pytest.fail("computed before checking --json"))
     with small_tmpfs(tmp_path / "disk") as disk:
         target = disk / "bench.json"
         resultsfile.write_json(target, {"good": "13 kB of results"})
         before = target.read_bytes()
         fill(disk)
-        assert bench.cli_main(["--json", str(target)]) == 2
+        assert bench_cli.cli_main(["--json", str(target)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--json" in err and "No space left" in err
         assert target.read_bytes() == before
 
 
 def test_conv_bench_json_through_a_symlink_updates_the_target(tmp_path, monkeypatch):
-    from labkit.conv import bench
+    from labkit.conv import bench, bench_cli
 
     class Result:
         def to_dict(self):
@@ -41,14 +41,14 @@ def test_conv_bench_json_through_a_symlink_updates_the_target(tmp_path, monkeypa
     target.write_text('{"old": true}\n')
     link = tmp_path / "bench.json"
     link.symlink_to(target)
-    assert bench.cli_main(["--json", str(link), "--no-naive"]) == 0
+    assert bench_cli.cli_main(["--json", str(link), "--no-naive"]) == 0
     assert link.is_symlink() and json.loads(target.read_text()) == {"new": True}
 
 
 def test_a_second_conv_bench_on_the_same_json_is_refused_and_the_first_kept(tmp_path, monkeypatch, capsys):
     """Two `labkit conv-bench --json cb.json` at once: while the first computes, a second one (a real process)
     is refused in one line naming the first's pid, before any compute; the first then writes its run."""
-    from labkit.conv import bench
+    from labkit.conv import bench, bench_cli
     target = tmp_path / "cb.json"
     second = {}
 
@@ -64,7 +64,7 @@ def test_a_second_conv_bench_on_the_same_json_is_refused_and_the_first_kept(tmp_
         return Result()
 
     monkeypatch.setattr(bench, "conv_bench", first_run)
-    assert bench.cli_main(["--json", str(target), "--no-naive"]) == 0
+    assert bench_cli.cli_main(["--json", str(target), "--no-naive"]) == 0
     line = one_line(second["proc"], "--json", str(target), f"pid {os.getpid()}", "another file")
     assert "wrote" not in second["proc"].stdout and "for over" not in line
     assert json.loads(target.read_text()) == {"run": "first"}
