@@ -20,7 +20,7 @@ p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--steps", type=int, default=50, help="steps per epoch, all workers together")
 p.add_argument("--batch-size", type=int, default=64, help="images per worker per step")
 p.add_argument("--lr", type=float, default=0.01, help="learning rate of one worker")
-p.add_argument("--checkpoint", default="checkpoint.h5", help="weights file written after every epoch")
+p.add_argument("--checkpoint", default="checkpoint-{epoch:02d}.h5", help="weights, a new file each epoch")
 p.add_argument("--threads", type=int, default=0, help="CPU threads per worker (0: cores / workers here)")
 args = p.parse_args()
 
