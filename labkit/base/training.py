@@ -22,8 +22,7 @@ import tensorflow as tf
 
 from labkit.base import config
 from labkit.base.checks import check_int, check_number
-from labkit.base.progress import in_jupyter  # noqa: F401  (its home: progress bars use it too)
-from labkit.base.rankstats import summarize_times, weights_checksum  # noqa: F401  (per-rank results)
+from labkit.base.progress import in_jupyter
 
 # trainingOptions of the MATLAB white paper "Deep Learning in the Cloud", verbatim
 SWEEP_TRAINING = {"lr": 0.001, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 30, "l2": 0.004, "epochs": 40,

@@ -128,7 +128,7 @@ def main(argv=None) -> int:
     import numpy as np
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    from labkit.base.training import weights_checksum as checksum
+    from labkit.base.rankstats import weights_checksum as checksum
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
     from labkit.base import config
     from labkit import models
-    from labkit.base.training import weights_checksum as checksum
+    from labkit.base.rankstats import weights_checksum as checksum
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     # --- the distributed part: a strategy, variables created in its scope, steps through strategy.run

@@ -11,6 +11,8 @@ import importlib
 
 from labkit.base.checks import check_int
 
+__all__ = ["get", "names", "registry"]
+
 _SUBMODULES = ("labkit.models.imagenet", "labkit.models.cifar")
 
 

@@ -321,7 +321,7 @@ class _Progress:
 def _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress) -> dict:
     """Run the blocks of plan; per kind of step its timed step times, CPU times and per-thread snapshots, and
     the losses, the index of the last synced step's, each control block's checksum."""
-    from labkit.base import training
+    from labkit.base import rankstats
     times = {k: {"step": [], "cpu": [], "threads": []} for k in steps}
     run = {"times": times, "losses": [], "main_loss_at": 0, "no_sync_checksums": []}
     last_main = max(b for b, (kind, _, _) in enumerate(plan) if kind == "main")
@@ -346,7 +346,7 @@ def _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress)
         if timed:
             times[kind]["threads"].append((before, _thread_snapshot()))
         if kind == "no_sync" and timed:  # before the next broadcast: each rank's own drift (the proof of no exchange)
-            run["no_sync_checksums"].append(training.weights_checksum([v.numpy() for v in model.trainable_weights]))
+            run["no_sync_checksums"].append(rankstats.weights_checksum([v.numpy() for v in model.trainable_weights]))
         if b == last_main and b < len(plan) - 1:  # the state to report: after the last synced block
             saved = [v.numpy() for v in (*model.variables, *opt.variables())]
     if saved is not None:  # undo the unsynced steps after the last synced block (checksum, checkpoint, lr)
@@ -359,12 +359,12 @@ def _timing(args, t: dict, comm_tids, network_role: str) -> dict:
     """One kind of step's timing fields of the rank result."""
     import numpy as np
 
-    from labkit.base import training
+    from labkit.base import rankstats
     return {"step_times_s": [round(x, 6) for x in t["step"]],
             "cpu_step_time_s": float(np.median(t["cpu"])), "cpu_step_times_s": [round(x, 6) for x in t["cpu"]],
             "thread_cpu_ms_per_step": thread_cpu_over_blocks(t["threads"], comm_tids, len(t["step"]),
                                                              network_role=network_role),
-            **training.summarize_times(t["step"], args.batch_size, args.steps)}
+            **rankstats.summarize_times(t["step"], args.batch_size, args.steps)}
 
 
 def train(args) -> dict:
@@ -373,7 +373,7 @@ def train(args) -> dict:
     rank, size = hvd.rank(), hvd.size()
     batches, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
     from labkit import models
-    from labkit.base import config, training
+    from labkit.base import config, rankstats, training
     config.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
     model = models.get(args.model, input_shape=tuple(shape), classes=args.classes)
     scale = float(size) if args.scale_lr else 1.0
@@ -415,7 +415,7 @@ def train(args) -> dict:
         "loss_local": [round(v, 5) for v in losses], "loss_avg": [round(float(v), 5) for v in loss_avg],
         # the last synced step's (under --paired the last step run may be a control step)
         "final_loss": float(loss_avg[at]), "final_loss_local": float(losses[at]),
-        "checksum": training.weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
+        "checksum": rankstats.weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
         "grad_bytes": int(sum(4 * int(v.shape.num_elements()) for v in model.trainable_variables)),
         "grad_tensors": [4 * int(v.shape.num_elements()) for v in model.trainable_variables],
     }
