@@ -15,7 +15,7 @@ from pathlib import Path
 
 import labkit
 from labkit.base import config
-from labkit.scale.horovod import run_check_build
+from labkit.scale.horovod_info import run_check_build
 
 SUPPORTED_PYTHON = ((3, 9), (3, 11))
 PINNED_TF = "2.15.1"

@@ -139,7 +139,7 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
 
 def horovod_build() -> str:
     """The one Horovod build every notebook of the pass uses, in words."""
-    from labkit.scale import horovod
+    from labkit.scale import horovod_info as horovod
     build = horovod.horovod_build()
     if not build:
         return "none found (the Horovod cells will say so)"

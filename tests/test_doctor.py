@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from labkit import doctor, horovod
+from labkit import doctor
+from labkit.scale import horovod_info as horovod
 
 CHECK_BUILD = """\
 Horovod v0.28.1:

@@ -117,3 +117,17 @@ def test_imports_are_read_inside_functions_too(tmp_path, source, expected):
     f = tmp_path / "m.py"
     f.write_text(source)
     assert imports_of(f) == expected
+
+
+def test_no_module_takes_the_name_of_a_package_a_script_imports():
+    """A script run by path (python labkit/scale/keras_hvd.py, the checker's harness) has its own folder first on
+    sys.path: a labkit module named like a top-level package (horovod, tensorflow, a standard module) would be
+    imported in its place ("'horovod' is not a package")."""
+    import pkgutil
+    import sys
+
+    outside = [p for p in sys.path if Path(p or ".").resolve() != LABKIT.parent]
+    taken = {m.name for m in pkgutil.iter_modules(outside)} | set(sys.stdlib_module_names)
+    clashes = [str(p.relative_to(LABKIT.parent)) for p in LABKIT.rglob("*.py") if p.stem in taken - {"__init__",
+                                                                                                      "__main__"}]
+    assert not clashes, f"rename these (a script beside them would import them instead of the real package): {clashes}"

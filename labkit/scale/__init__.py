@@ -1,6 +1,6 @@
 """Data-parallel training with Horovod, from one laptop to many nodes (04_horovod_scaling).
 
-    horovod       which Horovod this environment has: its horovodrun and what it was built with
+    horovod_info  which Horovod this environment has: its horovodrun and what it was built with
     mpi           which MPI Horovod links (PyPI's Open MPI in .venv, or the system's) and its mpirun
     hosts         where the ranks run: hosts and slots, the launcher's choice, core binding
     launch        start Horovod ranks (horovodrun, mpirun, srun), stream results, kill the whole tree
@@ -21,4 +21,5 @@ Uses labkit.flops (03) for model MACs and GPU peaks: a lesson may use an earlier
 The deep dive of 07 (labkit.deepdive) builds on it.
 """
 
-__all__ = ["allreduce", "gpu", "horovod", "hosts", "large_batch", "launch", "localscale", "mpi", "probe", "scaling", "settings"]
+__all__ = ["allreduce", "gpu", "horovod_info", "hosts", "large_batch", "launch", "localscale", "mpi", "probe", "scaling",
+           "settings"]

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from labkit.base.checks import check_int, check_number
-from labkit.scale.horovod import horovodrun_path
+from labkit.scale.horovod_info import horovodrun_path
 from labkit.scale.hosts import (  # noqa: F401  (where the ranks run: the launcher's inputs)
     FAST_MPI_SETTINGS,
     NODE_PREFIX,

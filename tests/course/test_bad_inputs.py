@@ -46,7 +46,7 @@ def unwritable(tmp_path) -> Path:
 
 @pytest.fixture
 def fake_launchers(tmp_path):
-    """LABKIT_HOROVODRUN and LABKIT_MPIRUN (labkit.scale.horovod / labkit.scale.mpi's overrides) pointing at scripts
+    """LABKIT_HOROVODRUN and LABKIT_MPIRUN (labkit.scale.horovod_info / labkit.scale.mpi's overrides) pointing at scripts
     that write their name and arguments into a marker file when run, then exit 1: a launch on either path
     (horovodrun --gloo, or mpirun, the default on one machine where Horovod has MPI) leaves the marker.
     `mpirun --version` (how labkit names the MPI) answers as Open MPI does and starts nothing."""
