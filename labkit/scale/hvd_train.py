@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="labkit.data's synthetic set (32 px, 10 classes), one fixed random batch at --image-size "
                         "(throughput only, as Horovod's synthetic benchmark), or labkit.data.load_dataset")
     p.add_argument("--num-examples", type=int, default=d.num_examples,
-                   help="size of the synthetic training set (default: a few batches per shard)")
+                   help="size of the synthetic training set (default: settings.num_examples_for)")
     p.add_argument("--image-size", type=int, default=32, help="--data random: image side in px")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=d.lr, help="base learning rate (one worker)")
@@ -129,8 +129,6 @@ def parse_args(argv=None):
     problem = _problem(args)
     if problem:
         p.error(problem)
-    if args.num_examples is None:
-        args.num_examples = num_examples_for(args.batch_size)
     return args
 
 
@@ -169,7 +167,7 @@ def _load_data(tf, args, rank, size):
         batch = (tf.constant(x), tf.constant(y))
         return itertools.repeat(batch), "random", args.batch_size, args.batch_size, x.shape[1:]
     if args.data == "synthetic":
-        (x, y), _ = data.synthetic(args.num_examples, 0, seed=args.seed)
+        (x, y), _ = data.synthetic(args.num_examples or num_examples_for(args.batch_size, size), 0, seed=args.seed)
         name = "synthetic"
     else:
         (x, y), _, info = data.load_dataset(None if args.data == "auto" else args.data)

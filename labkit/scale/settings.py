@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import subprocess
 import sys
+from typing import Callable
 
 from labkit.base.checks import check_int, check_ints, check_number
 
@@ -28,7 +29,7 @@ class RunSettings:
     warmup_steps: int = 5        # untimed steps first (tracing, allocation)
     scaling: str = "weak"        # weak: fixed work per worker; strong: fixed work per step, split over them
     data: str = "synthetic"      # synthetic, random (one fixed batch), auto (CIFAR-10 if on disk) or cifar10
-    num_examples: int | None = None  # training set size; None: num_examples_for(the rank's batch)
+    num_examples: int | None = None  # training set size; None: num_examples_for(batch, workers)
     lr: float = 0.01             # base learning rate (one worker)
     scale_lr: bool = False       # linear scaling rule: LR x number of workers
     lr_warmup_steps: int = 0     # ramp the scaled LR up over this many steps
@@ -36,9 +37,9 @@ class RunSettings:
     sync: bool = True            # False: the control without the gradient allreduce (ranks drift apart)
     seed: int = 0
     launcher: str = "auto"       # auto (launch.choose_launcher), gloo, mpi or srun
-    hosts: object = None         # horovodrun -H entries ("node1:1,node2:1" or a list); None: here or Slurm's
+    hosts: str | list[str] | None = None  # horovodrun -H entries ("node1:1,node2:1" or a list); None: here or Slurm's
     timeout: float = 300         # seconds per launch before every process is killed
-    progress: object = True      # print rank 0's progress (a callable receives each line's dict)
+    progress: bool | Callable = True  # print rank 0's progress (a callable receives each line's dict)
     env_extra: dict | None = None  # extra environment for the ranks
     extra: tuple = ()            # more hvd_train arguments, e.g. ("--num-groups", "1")
 
@@ -51,7 +52,7 @@ class RunSettings:
         batch = self.per_rank_batch(n)
         a = ["--model", self.model, "--batch-size", batch, "--steps", self.steps, "--repeats", self.repeats,
              "--warmup-steps", self.warmup_steps, "--data", self.data,
-             "--num-examples", self.num_examples or num_examples_for(batch), "--lr", self.lr,
+             "--num-examples", self.num_examples or num_examples_for(batch, n), "--lr", self.lr,
              "--lr-warmup-steps", self.lr_warmup_steps, "--threads", self.threads, "--seed", self.seed]
         a += ["--scale-lr"] * bool(self.scale_lr) + ["--no-sync"] * (not self.sync)
         return [str(v) for v in (*a, *self.extra)]
@@ -90,9 +91,9 @@ class RunSettings:
         return out
 
 
-def num_examples_for(batch_size: int) -> int:
-    """The synthetic training set's default size for a rank batch: enough for a few batches of each shard."""
-    return max(1024, 16 * batch_size)
+def num_examples_for(batch_size: int, ranks: int = 1) -> int:
+    """The synthetic training set's default size: 1024 images and 16 batches at least, 4 batches per rank's shard."""
+    return max(1024, 16 * batch_size, 4 * batch_size * ranks)
 
 
 def check_nps(nps, *, flags: bool = False) -> list[int]:

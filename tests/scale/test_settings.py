@@ -29,9 +29,10 @@ def test_argv_is_what_the_worker_parses_back(n):
         == (0.05, True, 3, 2, True, 5, 1)
 
 
-def test_weak_scaling_keeps_the_batch_and_sizes_the_data_set_from_it():
-    back = hvd_train.parse_args(RunSettings(batch_size=128).argv(4))
-    assert back.batch_size == 128 and back.num_examples == max(1024, 16 * 128)
+def test_weak_scaling_keeps_the_batch_and_every_shard_holds_a_few_batches():
+    for n in (1, 2, 4, 16, 32):
+        back = hvd_train.parse_args(RunSettings(batch_size=128).argv(n))
+        assert back.batch_size == 128 and back.num_examples >= 1024 and back.num_examples // n >= 4 * 128
     assert scaling.train_args(batch_size=8) == RunSettings(batch_size=8).argv()
 
 
