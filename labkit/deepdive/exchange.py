@@ -38,8 +38,8 @@ def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **ru
     for b in batches:
         hvd, free = (df.iloc[0] for df in scaling.run_paired([np_], batch_size=b, progress=progress, extra=extra,
                                                              **run_kw))
-        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"],
-               **_comm_threads("no_sync", free)}
+        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"],
+               "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"], **_comm_threads("no_sync", free)}
         for name in ["horovod", *variants]:
             step, cpu, in_sync, comm = _variant(name, np_, b, hvd, extra, progress, run_kw)
             row.update({**comm, f"{name}_step_ms": 1e3 * step, f"{name}_ms": 1e3 * step - row["no_sync_step_ms"],

@@ -360,7 +360,7 @@ def _stream_and_clean(proc, marker, state: dict, timeout, start, progress, label
 def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: float = 300, progress=True,
            env_extra=None, out_dir=None, tail_lines: int = 15, label: str | None = None,
            marker: str | None = None, module: str = WORKER, threads: int | None = None) -> list[dict]:
-    """Run `python -m module` (hvd_train) on np_ ranks; their result dicts, or HorovodRunError with every process killed."""
+    """Run `python -m module` (hvd_train) on np_ ranks: their results, or HorovodRunError with every process killed."""
     check_number(timeout, "timeout", above=0)
     own_dir = out_dir is None
     out = Path(tempfile.mkdtemp(prefix="labkit-scale-")) if own_dir else Path(out_dir)

@@ -24,8 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, launch_problem, take_slots
-from labkit.scale.settings import (DEFAULT_MODEL, LAUNCHERS, SCALINGS, RunSettings, check_model, check_nps,  # noqa: F401
-                                   model_names)
+from labkit.scale.settings import (  # noqa: F401  (check_model, model_names: also reachable as scaling's)
+    DEFAULT_MODEL,
+    LAUNCHERS,
+    SCALINGS,
+    RunSettings,
+    check_model,
+    check_nps,
+    model_names,
+)
 
 
 def train_args(**settings) -> list[str]:

@@ -1,7 +1,8 @@
 """One run's settings, in one place: their defaults, their checks and the workers' command line (04_horovod_scaling).
 
 `RunSettings` is what `scaling.run`, `scaling.run_paired` and `labkit scale` share, and what hvd_train's own
-options default to. A new setting is one line here (and its flag in `labkit scale`, if it has one).
+options default to. A new setting is one line here (its default, its check, the workers' option), plus its flag
+in `labkit scale` if it offers one, and the option in hvd_train if the workers take it.
 """
 from __future__ import annotations
 
@@ -19,29 +20,70 @@ DATA = ("synthetic", "random", "auto", "cifar10")
 LAUNCHERS = ("auto", "gloo", "mpi", "srun")
 
 
+def _setting(default, check, worker: str | None = None):
+    """A RunSettings field: its default, its check (value, name) -> value, and the hvd_train option it becomes
+    (None: a setting of the launch, not of the workers; a True/False setting is a switch, given when it leaves
+    its default)."""
+    return dataclasses.field(default=default, metadata={"check": check, "worker": worker})
+
+
+def _int(minimum: int):
+    return lambda value, name: check_int(value, name, minimum=minimum)
+
+
+def _positive(value, name: str) -> float:
+    return check_number(value, name, above=0)
+
+
+def _choice(*choices):
+    def check(value, name: str) -> str:
+        if value not in choices:
+            raise ValueError(f"{name} must be {', '.join(map(repr, choices[:-1]))} or {choices[-1]!r}; got {value!r}")
+        return value
+    return check
+
+
+def _bool(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False; got {value!r}")
+    return value
+
+
+def _optional(check):
+    return lambda value, name: None if value is None else check(value, name)
+
+
+def _model(value, name: str) -> str:
+    return check_model(value, name)
+
+
+def _args(value, name: str) -> tuple:
+    return tuple(map(str, [value] if isinstance(value, str) else value))
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """The settings of one `labkit scale` run; `check(nps)` checks them, `argv(n)` is the workers' command line."""
-    model: str = DEFAULT_MODEL   # small_cnn or a labkit.models name
-    batch_size: int = 64         # images per step: per worker (weak scaling) or in total, split (strong)
-    steps: int = 20              # timed steps per repeat
-    repeats: int = 3             # timed repeats (images/s mean and spread)
-    warmup_steps: int = 5        # untimed steps first (tracing, allocation)
-    scaling: str = "weak"        # weak: fixed work per worker; strong: fixed work per step, split over them
-    data: str = "synthetic"      # synthetic, random (one fixed batch), auto (CIFAR-10 if on disk) or cifar10
-    num_examples: int | None = None  # training set size; None: num_examples_for(batch, workers)
-    lr: float = 0.01             # base learning rate (one worker)
-    scale_lr: bool = False       # linear scaling rule: LR x number of workers
-    lr_warmup_steps: int = 0     # ramp the scaled LR up over this many steps
-    threads: int = 1             # intra-op threads per worker: each owns a fixed share, as each GPU or node does
-    sync: bool = True            # False: the control without the gradient allreduce (ranks drift apart)
-    seed: int = 0
-    launcher: str = "auto"       # auto (launch.choose_launcher), gloo, mpi or srun
-    hosts: str | list[str] | None = None  # horovodrun -H entries ("node1:1,node2:1" or a list); None: here or Slurm's
-    timeout: float = 300         # seconds per launch before every process is killed
-    progress: bool | Callable = True  # print rank 0's progress (a callable receives each line's dict)
-    env_extra: dict | None = None  # extra environment for the ranks
-    extra: tuple = ()            # more hvd_train arguments, e.g. ("--num-groups", "1")
+    model: str = _setting(DEFAULT_MODEL, _model, "--model")  # small_cnn or a labkit.models name
+    batch_size: int = _setting(64, _int(1), "--batch-size")  # images per step: per worker (weak) or in total (strong)
+    steps: int = _setting(20, _int(1), "--steps")  # timed steps per repeat
+    repeats: int = _setting(3, _int(1), "--repeats")  # timed repeats (images/s mean and spread)
+    warmup_steps: int = _setting(5, _int(0), "--warmup-steps")  # untimed steps first (tracing, allocation)
+    scaling: str = _setting("weak", _choice(*SCALINGS))  # weak: fixed work per worker; strong: per step, split
+    data: str = _setting("synthetic", _choice(*DATA), "--data")  # random: one fixed batch; auto: CIFAR-10 if on disk
+    num_examples: int | None = _setting(None, _optional(_int(1)), "--num-examples")  # None: num_examples_for
+    lr: float = _setting(0.01, _positive, "--lr")  # base learning rate (one worker)
+    scale_lr: bool = _setting(False, _bool, "--scale-lr")  # linear scaling rule: LR x number of workers
+    lr_warmup_steps: int = _setting(0, _int(0), "--lr-warmup-steps")  # ramp the scaled LR up over this many steps
+    threads: int = _setting(1, _int(1), "--threads")  # intra-op threads per worker: a fixed share, as a GPU or node
+    sync: bool = _setting(True, _bool, "--no-sync")  # False: the control without the gradient allreduce
+    seed: int = _setting(0, _int(0), "--seed")
+    launcher: str = _setting("auto", _choice(*LAUNCHERS))  # auto: launch.choose_launcher's choice
+    hosts: str | list[str] | None = _setting(None, None)  # horovodrun -H entries; None: here or Slurm's (check())
+    timeout: float = _setting(300, _positive)  # seconds per launch before every process is killed
+    progress: bool | Callable = _setting(True, None)  # print rank 0's progress (a callable gets each line's dict)
+    env_extra: dict | None = _setting(None, _optional(lambda value, name: dict(value)))  # the ranks' extra environment
+    extra: tuple = _setting((), _args)  # more hvd_train arguments, e.g. ("--num-groups", "1")
 
     def per_rank_batch(self, n: int) -> int:
         """Images per rank per step in a launch of n workers."""
@@ -49,13 +91,17 @@ class RunSettings:
 
     def argv(self, n: int = 1) -> list[str]:
         """hvd_train's command line for one launch of n workers (strong scaling splits batch_size over them)."""
-        batch = self.per_rank_batch(n)
-        a = ["--model", self.model, "--batch-size", batch, "--steps", self.steps, "--repeats", self.repeats,
-             "--warmup-steps", self.warmup_steps, "--data", self.data,
-             "--num-examples", self.num_examples or num_examples_for(batch, n), "--lr", self.lr,
-             "--lr-warmup-steps", self.lr_warmup_steps, "--threads", self.threads, "--seed", self.seed]
-        a += ["--scale-lr"] * bool(self.scale_lr) + ["--no-sync"] * (not self.sync)
-        return [str(v) for v in (*a, *self.extra)]
+        out = []
+        for f in dataclasses.fields(self):
+            flag, value = f.metadata["worker"], getattr(self, f.name)
+            if f.name == "batch_size":
+                value = self.per_rank_batch(n)
+            elif f.name == "num_examples":
+                value = value or num_examples_for(self.per_rank_batch(n), n)
+            if flag is None:
+                continue
+            out += ([flag] if value != f.default else []) if isinstance(f.default, bool) else [flag, str(value)]
+        return out + [str(a) for a in self.extra]
 
     def check(self, nps=(1,), *, flags: bool = False) -> RunSettings:
         """These settings checked for launches of nps workers, as plain Python values; ValueError naming the
@@ -64,25 +110,8 @@ class RunSettings:
             return ("--" + field.replace("_", "-")) if flags else field
 
         nps = check_nps(nps, flags=flags)
-        out = dataclasses.replace(
-            self, model=check_model(self.model, name("model")),
-            batch_size=check_int(self.batch_size, name("batch_size"), minimum=1),
-            steps=check_int(self.steps, name("steps"), minimum=1),
-            repeats=check_int(self.repeats, name("repeats"), minimum=1),
-            warmup_steps=check_int(self.warmup_steps, name("warmup_steps"), minimum=0),
-            scaling=_check_choice(self.scaling, name("scaling"), SCALINGS),
-            data=_check_choice(self.data, name("data"), DATA),
-            num_examples=None if self.num_examples is None else check_int(self.num_examples, name("num_examples"),
-                                                                          minimum=1),
-            lr=check_number(self.lr, name("lr"), above=0),
-            scale_lr=_check_bool(self.scale_lr, name("scale_lr")),
-            lr_warmup_steps=check_int(self.lr_warmup_steps, name("lr_warmup_steps"), minimum=0),
-            threads=check_int(self.threads, name("threads"), minimum=1),
-            sync=_check_bool(self.sync, name("sync")), seed=check_int(self.seed, name("seed"), minimum=0),
-            launcher=_check_choice(self.launcher, name("launcher"), LAUNCHERS),
-            timeout=check_number(self.timeout, name("timeout"), above=0),
-            env_extra=None if self.env_extra is None else dict(self.env_extra),
-            extra=tuple(map(str, [self.extra] if isinstance(self.extra, str) else self.extra)))
+        out = dataclasses.replace(self, **{f.name: f.metadata["check"](getattr(self, f.name), name(f.name))
+                                           for f in dataclasses.fields(self) if f.metadata["check"]})
         _check_hosts(out.hosts, nps, name("hosts"))
         bad = [n for n in nps if out.scaling == "strong" and out.batch_size % n]
         if bad:
@@ -100,18 +129,6 @@ def check_nps(nps, *, flags: bool = False) -> list[int]:
     """Worker counts as a list (one int is a list of one); ValueError naming nps (or --np) otherwise."""
     return check_ints([nps] if isinstance(nps, int) and not isinstance(nps, bool) else nps,
                       "--np" if flags else "nps", minimum=1)
-
-
-def _check_choice(value, name: str, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be {', '.join(map(repr, choices[:-1]))} or {choices[-1]!r}; got {value!r}")
-    return value
-
-
-def _check_bool(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False; got {value!r}")
-    return value
 
 
 def _check_hosts(hosts, nps, name: str) -> None:

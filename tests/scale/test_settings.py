@@ -81,3 +81,14 @@ def test_run_takes_a_settings_object_and_keyword_overrides(monkeypatch):
         assert kw["timeout"] == 42 and kw["threads"] == 1 and not kw["progress"]
     with pytest.raises(TypeError):
         scaling.run([1], no_such_setting=1)
+
+
+def test_every_workers_setting_is_an_option_of_the_worker_and_of_nothing_else():
+    options = {o for action in hvd_train._parser()._actions for o in action.option_strings}
+    flags = {f.name: f.metadata["worker"] for f in dataclasses.fields(RunSettings)}
+    assert {flag for flag in flags.values() if flag} <= options
+    # the launch's own settings never reach the workers' command line
+    launch_only = [name for name, flag in flags.items() if flag is None]
+    assert set(launch_only) == {"scaling", "launcher", "hosts", "timeout", "progress", "env_extra", "extra"}
+    argv = RunSettings(scale_lr=True, sync=False).argv(2)
+    assert {a for a in argv if a.startswith("--")} == {flag for flag in flags.values() if flag}
