@@ -1,5 +1,6 @@
 """The base every lesson stands on (00_welcome, 01_cnn_basics): configuration, the machine, timing, training.
 
+    checks      the one validator of numeric arguments: one line naming the parameter
     config      run profile (quick / workshop / full), seeds, the data directory
     machine     usable cores, thread limits, numpy's BLAS, TensorFlow's oneDNN switch
     timing      timing done right: warm-up, repeats, load average, the machine's GEMM rate
@@ -12,3 +13,5 @@
 
 The base imports nothing of labkit but itself (tests/test_layers.py reads every import, those inside functions too).
 """
+
+__all__ = ["checks", "config", "machine", "pixels", "progress", "rankstats", "resultsfile", "timing", "training"]

@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from labkit.base import config
-from labkit.base.progress import in_jupyter  # noqa: F401  (its home: progress bars use it too)
-from labkit.base.rankstats import summarize_times, weights_checksum  # noqa: F401  (per-rank results)
+from labkit.base.checks import check_int, check_number
+from labkit.base.progress import in_jupyter
 
 # trainingOptions of the MATLAB white paper "Deep Learning in the Cloud", verbatim
 SWEEP_TRAINING = {"lr": 0.001, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 30, "l2": 0.004, "epochs": 40,
@@ -68,10 +68,8 @@ def convblock_options(profile: str | None = None, num_gpus: int = 1) -> dict:
 
 def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int = 256) -> float:
     """Linear scaling rule (Goyal et al.; MATLAB's cloud-training example's LR 0.1 x batch/256): LR grows with the batch size."""
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
-    if not isinstance(base_batch_size, int) or base_batch_size < 1:
-        raise ValueError(f"base_batch_size must be a positive int; got {base_batch_size!r}")
+    check_int(batch_size, "batch_size", minimum=1)
+    check_int(base_batch_size, "base_batch_size", minimum=1)
     return base_lr * batch_size / base_batch_size
 
 
@@ -80,12 +78,9 @@ def warmup_lr(step, lr: float, scale: float = 1.0, warmup_steps: int = 0):
 
     warmup_steps=0: lr x scale from the first step. `step`: a number or a tensor (an optimizer's iteration
     counter). The one warmup schedule (hvd_train, large_batch, WarmupLR). (04_horovod_scaling)"""
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0:
-        raise ValueError(f"lr must be > 0; got {lr!r}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 1:
-        raise ValueError(f"scale must be >= 1 (the number of workers or batch multiple); got {scale!r}")
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, np.integer)) or warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be an int >= 0; got {warmup_steps!r}")
+    check_number(lr, "lr", above=0)
+    check_number(scale, "scale", minimum=1)  # the number of workers, or the batch multiple
+    check_int(warmup_steps, "warmup_steps", minimum=0)
     if warmup_steps == 0:
         return lr * scale
     frac = min(1.0, float(step) / warmup_steps) if isinstance(step, (int, float, np.number)) else \
@@ -141,20 +136,13 @@ class PiecewiseLR(tf.keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, lr, steps_per_epoch, drop_factor=0.1, drop_period=30, warmup_epochs=0, warmup_from=0.0):
-        if not lr > 0:
-            raise ValueError(f"lr must be > 0; got {lr!r}")
-        if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
-            raise ValueError(f"steps_per_epoch must be a positive int; got {steps_per_epoch!r}")
-        if not 0 < drop_factor <= 1:
-            raise ValueError(f"drop_factor must be in (0, 1]; got {drop_factor!r}")
-        if not isinstance(drop_period, int) or drop_period < 1:
-            raise ValueError(f"drop_period must be a positive int (epochs); got {drop_period!r}")
-        if warmup_epochs < 0 or not 0 <= warmup_from <= 1:
-            raise ValueError(f"warmup_epochs must be >= 0 and warmup_from in [0, 1]; got {warmup_epochs!r}, "
-                             f"{warmup_from!r}")
-        self.lr, self.steps_per_epoch, self.drop_factor, self.drop_period = float(lr), steps_per_epoch, \
-            float(drop_factor), drop_period
-        self.warmup_epochs, self.warmup_from = warmup_epochs, float(warmup_from)
+        self.lr, self.steps_per_epoch = check_number(lr, "lr", above=0), check_int(steps_per_epoch, "steps_per_epoch",
+                                                                                    minimum=1)
+        self.drop_factor = check_number(drop_factor, "drop_factor", above=0, maximum=1)
+        self.drop_period = check_int(drop_period, "drop_period", minimum=1)  # epochs
+        check_number(warmup_epochs, "warmup_epochs", minimum=0)
+        self.warmup_epochs, self.warmup_from = warmup_epochs, check_number(warmup_from, "warmup_from", minimum=0,
+                                                                           maximum=1)
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
@@ -348,9 +336,7 @@ class SimulatedKill(tf.keras.callbacks.Callback):
 
     def __init__(self, after_epochs: int):
         super().__init__()
-        if not isinstance(after_epochs, int) or after_epochs < 1:
-            raise ValueError(f"after_epochs must be a positive int; got {after_epochs!r}")
-        self.after_epochs = after_epochs
+        self.after_epochs = check_int(after_epochs, "after_epochs", minimum=1)
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 == self.after_epochs:
@@ -364,8 +350,7 @@ def fit(model, train, *, epochs, validation_data=None, backup_dir=None, callback
     epoch's end and deleted once training finishes. Returns Keras's History; history.epoch lists the epochs
     this call ran. (01_cnn_basics)
     """
-    if not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be a positive int; got {epochs!r}")
+    check_int(epochs, "epochs", minimum=1)
     cbs = []
     if backup_dir is not None:
         # first, so its epoch-end save happens before any later callback can stop the run
@@ -403,8 +388,7 @@ def predict(model, x, batch_size=256) -> np.ndarray:
     """Class probabilities; uint8 images are normalised as make_dataset does, floats are used as given."""
     from labkit.base.pixels import normalize
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+    batch_size = check_int(batch_size, "batch_size", minimum=1)
     x = np.asarray(x)
     x = normalize(x) if x.dtype == np.uint8 else x.astype(np.float32)
     return model.predict(x, batch_size=batch_size, verbose=0)

@@ -7,5 +7,8 @@
     nodescale     weak scaling over node counts on that cluster, against the ring model
     tfdist_train  one worker of tf.distribute.MultiWorkerMirroredStrategy, for the comparison
 
+`__all__` names the library modules; linkbench is run by the ranks, not imported.
 Builds on labkit.scale (04) and labkit.flops (03); nothing in labkit builds on it.
 """
+
+__all__ = ["exchange", "nodescale", "tfdist_train", "timeline", "vcluster"]

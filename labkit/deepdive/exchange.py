@@ -6,6 +6,7 @@ gradients as one group and TensorFlow's own MultiWorkerMirroredStrategy, with th
 """
 from __future__ import annotations
 
+from labkit.base.checks import check_int, check_ints
 from labkit.scale import scaling
 
 
@@ -23,63 +24,46 @@ EXCHANGE_VARIANTS = ("barrier", "one_group", "tf_distribute")
 
 
 def exchange_cost(batches=(64, 256), np_=2, *, variants=(), progress=False, **run_kw):
-    """Per batch size: np_ workers (one thread each) without exchange and with Horovod's gradient exchange,
-    in alternating blocks of one launch (scaling.run_paired), plus one launch per name in variants:
-
-    * "barrier": no gradients cross, but every step ends with a 4-byte allreduce issued after the update
-      (hvd_train --no-sync --barrier): what stepping together costs, the wait for the slower worker included;
-    * "one_group": Horovod with the gradients sent as one group once backprop is done
-      (DistributedGradientTape(num_groups=1)) instead of tensor by tensor as they are produced;
-    * "tf_distribute": the same model and batch under TensorFlow's MultiWorkerMirroredStrategy on this
-      machine (labkit.deepdive.tfdist_train.run_local), TensorFlow's own collective allreduce.
-
-    The workers train on one fixed batch of random images unless run_kw says otherwise (data=...), as
-    tf.distribute's always do: the input pipeline stays out of the comparison. Returns one row per batch:
-    step times in ms (median over ranks and steps), what each adds to the step without exchange (X_ms), CPU
-    milliseconds per step of one worker's process (X_cpu_ms, all its threads: time on a core, not waiting
-    for one), the share of the exchange-free speed each keeps (X_vs_no_sync = step time without exchange /
-    with) and whether the workers' weights ended equal. Where the workers report their threads' CPU time
-    (Linux), the Horovod launches add X_gloo_cpu_ms and X_hvd_thread_cpu_ms: milliseconds per step of Gloo's
-    network threads and of Horovod's background thread, the mean of the workers (hvd_train's
-    thread_cpu_ms_per_step)."""
+    """Per batch size, the step with and without Horovod's exchange (one launch), beside each of variants."""
     import pandas as pd
-    batches = [batches] if isinstance(batches, int) else list(batches)
-    if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
-        raise ValueError(f"batches must be a positive int or a list of them; got {batches!r}")
-    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
-        raise ValueError(f"np_ must be an int >= 2 (an exchange needs two workers); got {np_!r}")
+    batches = check_ints([batches] if isinstance(batches, int) else batches, "batches", minimum=1)
+    check_int(np_, "np_", minimum=2)  # an exchange needs two workers
     variants = [variants] if isinstance(variants, str) else list(variants)
     bad = [v for v in variants if v not in EXCHANGE_VARIANTS]
     if bad:
         raise ValueError(f"variants must be names from {EXCHANGE_VARIANTS}; got {bad[0]!r}")
     run_kw = {"data": "random", **run_kw, "threads": 1}
     extra = tuple(run_kw.pop("extra", ()))
-    launches = {"barrier": dict(sync=False, extra=extra + ("--barrier",)),
-                "one_group": dict(sync=True, extra=extra + ("--num-groups", "1"))}
     rows = []
     for b in batches:
         hvd, free = (df.iloc[0] for df in scaling.run_paired([np_], batch_size=b, progress=progress, extra=extra,
                                                              **run_kw))
-        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"], "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"],
-               **_comm_threads("no_sync", free)}
+        row = {"batch": b, "no_sync_step_ms": 1e3 * free["step_time_s"],
+               "no_sync_cpu_ms": 1e3 * free["cpu_step_time_s"], **_comm_threads("no_sync", free)}
         for name in ["horovod", *variants]:
-            if name == "tf_distribute":
-                from labkit.deepdive import tfdist_train
-                workers = tfdist_train.run_local(np_, model=run_kw.get("model", scaling.DEFAULT_MODEL), batch_size=b,
-                                                 steps=run_kw.get("steps", 20) * run_kw.get("repeats", 3),
-                                                 timeout=run_kw.get("timeout", 300))
-                step = max(w["median_step_s"] for w in workers)
-                cpu = float(sorted(w["cpu_step_time_s"] for w in workers)[len(workers) // 2])
-                in_sync = len({w["checksum_trainable"] for w in workers}) == 1
-            else:
-                r = hvd if name == "horovod" else scaling.run([np_], batch_size=b, progress=progress,
-                                                              **launches[name], **run_kw).iloc[0]
-                step, cpu, in_sync = r["step_time_s"], r["cpu_step_time_s"], bool(r["in_sync"])
-                row.update(_comm_threads(name, r))
-            row.update({f"{name}_step_ms": 1e3 * step, f"{name}_ms": 1e3 * step - row["no_sync_step_ms"],
+            step, cpu, in_sync, comm = _variant(name, np_, b, hvd, extra, progress, run_kw)
+            row.update({**comm, f"{name}_step_ms": 1e3 * step, f"{name}_ms": 1e3 * step - row["no_sync_step_ms"],
                         f"{name}_cpu_ms": 1e3 * cpu, f"{name}_vs_no_sync": row["no_sync_step_ms"] / (1e3 * step)})
             if name != "barrier":  # the barrier's workers drift apart by design: nothing to compare
                 row[f"{name}_in_sync"] = in_sync
         row["exchange_ms"] = row["horovod_ms"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _variant(name, np_, b, hvd, extra, progress, run_kw):
+    """(step s, CPU s per step, weights equal, the comm threads' columns) of one variant at batch b; "horovod" is
+    the paired launch's row hvd, the others a launch of their own."""
+    if name == "tf_distribute":
+        from labkit.deepdive import tfdist_train
+        workers = tfdist_train.run_local(np_, model=run_kw.get("model", scaling.DEFAULT_MODEL), batch_size=b,
+                                         steps=run_kw.get("steps", 20) * run_kw.get("repeats", 3),
+                                         timeout=run_kw.get("timeout", 300))
+        return (max(w["median_step_s"] for w in workers),
+                float(sorted(w["cpu_step_time_s"] for w in workers)[len(workers) // 2]),
+                len({w["checksum_trainable"] for w in workers}) == 1, {})
+    launches = {"barrier": dict(sync=False, extra=extra + ("--barrier",)),
+                "one_group": dict(sync=True, extra=extra + ("--num-groups", "1"))}
+    r = hvd if name == "horovod" else scaling.run([np_], batch_size=b, progress=progress, **launches[name],
+                                                  **run_kw).iloc[0]
+    return r["step_time_s"], r["cpu_step_time_s"], bool(r["in_sync"]), _comm_threads(name, r)

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from labkit.base.checks import check_int
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m labkit.deepdive.linkbench", description=__doc__.split("\n\n")[0])
@@ -32,9 +34,11 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    for name in ("chain", "calib_repeats", "batch_size", "steps", "repeats", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    try:
+        for name in ("chain", "calib_repeats", "batch_size", "steps", "repeats", "threads"):
+            check_int(getattr(args, name), "--" + name.replace("_", "-"), minimum=1)
+    except ValueError as err:
+        p.error(str(err))
     bad = set(args.variants.split(",")) - {"compute", "sync", "sync_fp16"}
     if bad:
         p.error(f"--variants must name compute, sync, sync_fp16; got {','.join(sorted(bad))}")
@@ -72,23 +76,11 @@ def _calibrate(tf, hvd, sizes, chain, repeats):
     return [{"bytes": 4 * max(1, n // 4), "times_s": times[n]} for n in sizes]
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    import labkit
-    labkit.quiet()
-    import numpy as np
-    import tensorflow as tf
-    import horovod.tensorflow as hvd
-    from labkit.base import config
+def _model_and_steps(tf, hvd, args, rank):
+    """The model, its optimizer, and one step function per variant on this rank's fixed random batch, all
+    ranks starting from rank 0's weights."""
     from labkit import models
-    from labkit.base import training
-    from labkit.base.training import weights_checksum as checksum
-    hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    rank, size = hvd.rank(), hvd.size()
-    calib = _calibrate(tf, hvd, args.size_list, args.chain, args.calib_repeats)
-
+    from labkit.base import config, training
     config.set_seed(rank)
     model = models.get(args.model, input_shape=(32, 32, 3), classes=10)
     x = tf.random.uniform([args.batch_size, 32, 32, 3], seed=rank)
@@ -103,24 +95,49 @@ def main(argv=None) -> int:
         step = training.make_train_step(model, opt, loss_fn, tape_wrapper=wrap)
         return lambda: step(x, y)
 
-    variants = args.variants.split(",")
-    steps = {v: make_step(wrappers[v]) for v in variants}
+    steps = {v: make_step(wrappers[v]) for v in args.variants.split(",")}
     opt._create_all_weights(model.trainable_variables)
+    _broadcast(hvd, model, opt)
+    return model, opt, steps
+
+
+def _broadcast(hvd, model, opt) -> None:
     hvd.broadcast_variables(model.variables, root_rank=0)
     hvd.broadcast_variables(opt.variables(), root_rank=0)
-    for v in variants:  # trace and warm up
+
+
+def _time_steps(steps: dict, n_steps: int, repeats: int) -> dict:
+    """Seconds per step of each variant, interleaved repeat by repeat (load changes hit every variant alike)."""
+    for step in steps.values():  # trace and warm up
         for _ in range(2):
-            float(steps[v]())
-    times = {v: [] for v in variants}
-    for _ in range(args.repeats):
-        for v in variants:  # interleaved: load changes hit every variant alike
-            for _ in range(args.steps):
+            float(step())
+    times = {v: [] for v in steps}
+    for _ in range(repeats):
+        for v, step in steps.items():
+            for _ in range(n_steps):
                 t0 = time.perf_counter()
-                float(steps[v]())
+                float(step())
                 times[v].append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import labkit
+    labkit.quiet()
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    from labkit.base.rankstats import weights_checksum as checksum
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    rank, size = hvd.rank(), hvd.size()
+    calib = _calibrate(tf, hvd, args.size_list, args.chain, args.calib_repeats)
+    model, opt, steps = _model_and_steps(tf, hvd, args, rank)
+    times = _time_steps(steps, args.steps, args.repeats)
     # the sync proof: from rank 0's weights, synced steps on different data keep the ranks identical
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    hvd.broadcast_variables(opt.variables(), root_rank=0)
+    _broadcast(hvd, model, opt)
     if "sync" in steps:
         for _ in range(2):
             float(steps["sync"]())

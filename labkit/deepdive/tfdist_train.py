@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from labkit.base.checks import check_int
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m labkit.deepdive.tfdist_train", description=__doc__.split("\n\n")[0])
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
     from labkit.base import config
     from labkit import models
-    from labkit.base.training import weights_checksum as checksum
+    from labkit.base.rankstats import weights_checksum as checksum
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     # --- the distributed part: a strategy, variables created in its scope, steps through strategy.run
@@ -143,8 +145,7 @@ def free_ports(n: int) -> list[int]:
 def run_local(np_: int = 2, **kw) -> list[dict]:
     """np_ workers of MultiWorkerMirroredStrategy on this machine (127.0.0.1, one free port each);
     kw: run_workers' (model, batch_size, steps, threads, timeout)."""
-    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
-        raise ValueError(f"np_ must be an int >= 2 (an allreduce needs two workers); got {np_!r}")
+    check_int(np_, "np_", minimum=2)  # an allreduce needs two workers
     return run_workers([f"127.0.0.1:{p}" for p in free_ports(np_)], **kw)
 
 

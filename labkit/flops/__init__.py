@@ -5,17 +5,33 @@
     hardware    GPUs and interconnects from their datasheets, and a roofline estimate of CNN time on them
 """
 from labkit.flops.counter import (  # noqa: F401  (the package's API)
-    BYTES_PER_VALUE,
     ALL_COSTS,
-    UnknownLayerWarning,
-    LayerCount,
+    BYTES_PER_VALUE,
     FlopsReport,
+    LayerCount,
+    UnknownLayerWarning,
+    cli_main,
     count,
-    shapes_only,
     count_named,
-    training_state_bytes,
     max_batch_size,
     memory_table,
+    shapes_only,
     training_flops,
-    cli_main,
+    training_state_bytes,
 )
+
+__all__ = [
+    "ALL_COSTS",
+    "BYTES_PER_VALUE",
+    "FlopsReport",
+    "LayerCount",
+    "UnknownLayerWarning",
+    "cli_main",
+    "count",
+    "count_named",
+    "max_batch_size",
+    "memory_table",
+    "shapes_only",
+    "training_flops",
+    "training_state_bytes",
+]

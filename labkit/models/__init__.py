@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import importlib
 
+from labkit.base.checks import check_int
+
+__all__ = ["get", "names", "registry"]
+
 _SUBMODULES = ("labkit.models.imagenet", "labkit.models.cifar")
 
 
@@ -41,6 +45,5 @@ def get(name: str, input_shape=None, classes: int | None = None, **kwargs):
         raise ValueError(f"model name must be one of {', '.join(sorted(models))}; got {name!r}")
     if classes is None:
         return models[name](input_shape=input_shape, **kwargs)
-    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
-        raise ValueError(f"classes must be a positive int; got {classes!r}")
+    check_int(classes, "classes", minimum=1)
     return models[name](input_shape=input_shape, classes=classes, **kwargs)

@@ -19,12 +19,9 @@ import itertools
 
 import tensorflow as tf
 
+from labkit.base.checks import check_int, check_number
+
 CIFAR_SHAPE = (32, 32, 3)
-
-
-def _check_int(name, value, minimum=1):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
 
 
 def _check_shape(input_shape, minimum=1, name="this network"):
@@ -45,7 +42,7 @@ class CrossChannelNormalization(tf.keras.layers.Layer):
 
     def __init__(self, window=5, alpha=1e-4, beta=0.75, k=1.0, **kwargs):
         super().__init__(**kwargs)
-        _check_int("window", window)
+        check_int(window, "window", minimum=1)
         if window % 2 != 1:
             raise ValueError(f"window must be odd (a channel and its neighbours each side); got {window}")
         self.window, self.alpha, self.beta, self.k = window, float(alpha), float(beta), float(k)
@@ -66,12 +63,10 @@ def sweep_net(filters=20, filter_size=5, pool_size=3, extra_conv=False, input_sh
     dropout > 0 adds a Dropout layer before the dense layer (not in the paper: the cure for overfitting that
     05 tries; 0, the default, builds the paper's network). (01_cnn_basics)
     """
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be a fraction in [0, 1); got {dropout!r}")
-    _check_int("filters", filters)
-    _check_int("filter_size", filter_size)
-    _check_int("pool_size", pool_size)
-    _check_int("classes", classes)
+    check_number(dropout, "dropout", minimum=0, below=1)
+    for name, value in (("filters", filters), ("filter_size", filter_size), ("pool_size", pool_size),
+                        ("classes", classes)):
+        check_int(value, name, minimum=1)
     if not isinstance(extra_conv, bool):
         raise ValueError(f"extra_conv must be True or False; got {extra_conv!r}")
     shape = _check_shape(input_shape)
@@ -102,11 +97,9 @@ def convblock_net(width=32, block_depth=4, input_shape=CIFAR_SHAPE, classes=10, 
     default, needs several hundred steps to forget its initial values; a run of ~100 steps needs ~0.9).
     (01_cnn_basics)
     """
-    if isinstance(bn_momentum, bool) or not isinstance(bn_momentum, (int, float)) or not 0 <= bn_momentum < 1:
-        raise ValueError(f"bn_momentum must be a fraction in [0, 1); got {bn_momentum!r}")
-    _check_int("width", width)
-    _check_int("block_depth", block_depth)
-    _check_int("classes", classes)
+    check_number(bn_momentum, "bn_momentum", minimum=0, below=1)
+    for name, value in (("width", width), ("block_depth", block_depth), ("classes", classes)):
+        check_int(value, name, minimum=1)
     shape = _check_shape(input_shape)
     L = tf.keras.layers
     inputs = tf.keras.Input(shape=shape, name="image")
@@ -132,8 +125,8 @@ def small_cnn(input_shape=CIFAR_SHAPE, classes=10, width=16):
     About 30k parameters at 32x32: small enough that one CPU step is milliseconds. (04_horovod_scaling)
     """
     shape = _check_shape(input_shape, 4, "small_cnn's two 2x2 pools")
-    _check_int("width", width)
-    _check_int("classes", classes)
+    check_int(width, "width", minimum=1)
+    check_int(classes, "classes", minimum=1)
     L = tf.keras.layers
     return tf.keras.Sequential([
         L.Input(shape=shape),

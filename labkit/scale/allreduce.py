@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labkit.base.checks import check_int, check_number
+
 MiB = 2**20
 # Horovod 0.28.1's tensor-fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 * 1024 * 1024 bytes, set in
 # BackgroundThreadLoop (horovod/common/operations.cc); its documentation's Tensor Fusion page still says 64 MB
@@ -23,9 +25,7 @@ FUSION_THRESHOLD = 128 * MiB
 
 
 def _check_nonnegative(name, value):
-    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool) \
-            or not value >= 0 or math.isinf(value):
-        raise ValueError(f"{name} must be a finite number >= 0; got {value!r}")
+    check_number(value, name, minimum=0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -37,8 +37,7 @@ def ring_allreduce_time(n_bytes, p: int, alpha: float, beta: float, gamma: float
     alpha: seconds per message (latency), beta: seconds per byte on the wire, gamma: seconds per byte
     to add (the reduction). Reduce-scatter then allgather: 2(p-1) steps, each moving n/p bytes.
     """
-    if not isinstance(p, (int, np.integer)) or isinstance(p, bool) or p < 1:
-        raise ValueError(f"p must be an int >= 1 (workers); got {p!r}")
+    check_int(p, "p", minimum=1)  # workers
     for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
         _check_nonnegative(name, value)
     if np.any(np.asarray(n_bytes) < 0):
@@ -218,8 +217,7 @@ def predict(gpus=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), *, model="resnet101", 
         raise ValueError(f"utilization must be in (0, 1]; got {utilization}")
     checks = [("batch_per_gpu", batch_per_gpu), ("gpus_per_node", gpus_per_node), *(("gpus", g) for g in gpus)]
     for name, value in checks:
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+        check_int(value, name, minimum=1)
     if compute_s is not None and not 0 < compute_s < math.inf:
         raise ValueError(f"compute_s must be a finite number of seconds > 0; got {compute_s!r}")
     inter, intra = _as_network(network), _as_network(intra_node)

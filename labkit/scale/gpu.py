@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import time
 
+from labkit.base.checks import check_int, check_number
+
 
 def pin_to_local_rank(local_rank: int, gpus=None):
     """Make only GPU number local_rank visible to this process (Horovod's recipe); returns it, or None on a
@@ -19,8 +21,7 @@ def pin_to_local_rank(local_rank: int, gpus=None):
     each, so a process takes GPU memory as it needs it, as Horovod's examples do. A local rank without a GPU of
     its own (more processes than GPUs on a node) raises ValueError. (04_horovod_scaling)
     """
-    if isinstance(local_rank, bool) or not isinstance(local_rank, int) or local_rank < 0:
-        raise ValueError(f"local_rank must be an int >= 0; got {local_rank!r}")
+    check_int(local_rank, "local_rank", minimum=0)
     import tensorflow as tf
 
     gpus = list(tf.config.list_physical_devices("GPU") if gpus is None else gpus)
@@ -73,8 +74,7 @@ def images_per_sec(build_model, batch_size: int, steps: int, *, mixed: bool = Fa
     mixed=True under mixed_float16 with loss scaling. Returns images_per_sec, step_s, the last loss and the
     compute / variable dtypes. (04_horovod_scaling)"""
     for name, value in (("batch_size", batch_size), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+        check_int(value, name, minimum=1)
     import tensorflow as tf
 
     from labkit import data
@@ -102,8 +102,7 @@ def mfu(images_per_sec: float, forward_flops_per_image: float, peak_flops: float
     labkit.flops.training_flops counts them) over the device's peak FLOP/s. (04_horovod_scaling)"""
     for name, value in (("images_per_sec", images_per_sec), ("forward_flops_per_image", forward_flops_per_image),
                         ("peak_flops", peak_flops)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive number; got {value!r}")
+        check_number(value, name, above=0)
     return 3.0 * forward_flops_per_image * images_per_sec / peak_flops
 
 

@@ -35,32 +35,37 @@ import time
 from pathlib import Path
 
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported)
+from labkit.base.checks import check_int
+from labkit.scale.settings import DATA, DEFAULT_MODEL, RunSettings, num_examples_for  # noqa: F401
 
 PROGRESS_TAG = "LABKIT_PROGRESS"  # rank 0's progress lines, parsed by labkit.scale.scaling.run
-DEFAULT_MODEL = "small_cnn"
 
 
 # ----------------------------------------------------------------------------------------------
 # the script
 
-def parse_args(argv=None):
+def _parser() -> argparse.ArgumentParser:
+    """The worker's options; those a RunSettings holds default to its defaults (labkit.scale.settings)."""
+    d = RunSettings()
     p = argparse.ArgumentParser(prog="python -m labkit.scale.hvd_train",
                                 description="Data-parallel training for 1..N Horovod ranks (run under horovodrun).")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"'{DEFAULT_MODEL}' or a labkit.models.get name")
-    p.add_argument("--batch-size", type=int, default=64, help="images per rank per step")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats (images/s mean and spread)")
-    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first (tracing, allocation)")
-    p.add_argument("--data", default="synthetic", choices=["synthetic", "random", "auto", "cifar10"],
+    p.add_argument("--model", default=d.model, help=f"'{d.model}' or a labkit.models.get name")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per rank per step")
+    p.add_argument("--steps", type=int, default=d.steps, help="timed steps per repeat")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed repeats (images/s mean and spread)")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="untimed steps first (tracing, allocation)")
+    p.add_argument("--data", default=d.data, choices=DATA,
                    help="labkit.data's synthetic set (32 px, 10 classes), one fixed random batch at --image-size "
                         "(throughput only, as Horovod's synthetic benchmark), or labkit.data.load_dataset")
-    p.add_argument("--num-examples", type=int, default=4096, help="size of the synthetic training set")
+    p.add_argument("--num-examples", type=int, default=d.num_examples,
+                   help="size of the synthetic training set (default: settings.num_examples_for)")
     p.add_argument("--image-size", type=int, default=32, help="--data random: image side in px")
     p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--lr", type=float, default=0.01, help="base learning rate (one worker)")
+    p.add_argument("--lr", type=float, default=d.lr, help="base learning rate (one worker)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: LR = lr x number of ranks")
-    p.add_argument("--lr-warmup-steps", type=int, default=0, help="ramp the scaled LR up over this many steps")
+    p.add_argument("--lr-warmup-steps", type=int, default=d.lr_warmup_steps,
+                   help="ramp the scaled LR up over this many steps")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / local ranks)")
     p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads per rank (0: as --threads)")
     p.add_argument("--no-sync", action="store_true",
@@ -76,7 +81,7 @@ def parse_args(argv=None):
                         "fused by the background thread as they arrive)")
     p.add_argument("--no-function", action="store_true", help="run the step eagerly (no tf.function)")
     p.add_argument("--jit", action="store_true", help="compile the step with XLA (tf.function jit_compile)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", default=None, help="directory for rank{R}.json (default: no files)")
     p.add_argument("--checkpoint-dir", default=None, help="rank 0 writes weights.h5 and log.jsonl here")
     p.add_argument("--progress-every", type=int, default=0, help="rank 0 reports every N steps (0: per repeat)")
@@ -88,26 +93,42 @@ def parse_args(argv=None):
     p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--hang-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--fault-at-step", type=int, default=2, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    for name in ("batch_size", "steps", "repeats", "num_examples", "image_size", "classes", "chain"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
-    for name in ("warmup_steps", "lr_warmup_steps", "threads", "inter_threads", "num_groups"):
-        if getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0; got {getattr(args, name)}")
+    return p
+
+
+def _problem(args) -> str | None:
+    """The first thing wrong with the parsed options, in one line, or None."""
+    try:
+        for name, least in (("batch_size", 1), ("steps", 1), ("repeats", 1), ("image_size", 1), ("classes", 1),
+                            ("chain", 1), ("warmup_steps", 0), ("lr_warmup_steps", 0), ("threads", 0),
+                            ("inter_threads", 0), ("num_groups", 0)):
+            check_int(getattr(args, name), "--" + name.replace("_", "-"), minimum=least)
+        if args.num_examples is not None:
+            check_int(args.num_examples, "--num-examples", minimum=1)
+    except ValueError as err:
+        return str(err)
     if args.paired and (args.no_sync or args.barrier):
-        bad = "--no-sync" if args.no_sync else "--barrier"
-        p.error(f"--paired cannot be combined with {bad}: it times the synced steps and their exchange-free "
-                "control itself")
+        return (f"--paired cannot be combined with {'--no-sync' if args.no_sync else '--barrier'}: it times the "
+                "synced steps and their exchange-free control itself")
     if args.barrier and not args.no_sync:
-        p.error("--barrier needs --no-sync (it replaces the gradient allreduce by a 4-byte one)")
+        return "--barrier needs --no-sync (it replaces the gradient allreduce by a 4-byte one)"
     if args.data == "synthetic" and (args.image_size, args.classes) != (32, 10):
-        p.error(f"--data synthetic is 32 px with 10 classes; got --image-size {args.image_size} --classes "
+        return (f"--data synthetic is 32 px with 10 classes; got --image-size {args.image_size} --classes "
                 f"{args.classes} (use --data random for other sizes)")
     if not args.bench_allreduce:
         from labkit import models  # imports TensorFlow, builds nothing
         if args.model not in models.names():
-            p.error(f"--model must be one of {', '.join(models.names())}; got {args.model!r}")
+            return f"--model must be one of {', '.join(models.names())}; got {args.model!r}"
+    return None
+
+
+def parse_args(argv=None):
+    """The worker's options, checked: one line and exit 2 on the first bad one, before any model is built."""
+    p = _parser()
+    args = p.parse_args(argv)
+    problem = _problem(args)
+    if problem:
+        p.error(problem)
     return args
 
 
@@ -146,7 +167,7 @@ def _load_data(tf, args, rank, size):
         batch = (tf.constant(x), tf.constant(y))
         return itertools.repeat(batch), "random", args.batch_size, args.batch_size, x.shape[1:]
     if args.data == "synthetic":
-        (x, y), _ = data.synthetic(args.num_examples, 0, seed=args.seed)
+        (x, y), _ = data.synthetic(args.num_examples or num_examples_for(args.batch_size, size), 0, seed=args.seed)
         name = "synthetic"
     else:
         (x, y), _, info = data.load_dataset(None if args.data == "auto" else args.data)
@@ -231,18 +252,10 @@ def thread_cpu_over_blocks(blocks, comm_tids, steps: int, *, network_role="gloo_
     return thread_cpu_by_role(start, end, comm_tids, steps, network_role=network_role)
 
 
-def train(args) -> dict:
-    tf, hvd, threads, n_gpus, comm_tids = _setup(args)
-    rank, size = hvd.rank(), hvd.size()
-    ds, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
-    from labkit.base import config, training
-    from labkit import models
-    config.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
-    model = models.get(args.model, input_shape=tuple(shape), classes=args.classes)
-    scale = float(size) if args.scale_lr else 1.0
-    lr_fn = lambda step: training.warmup_lr(step, args.lr, scale, args.lr_warmup_steps)  # noqa: E731
-    opt = tf.keras.optimizers.legacy.SGD(learning_rate=training.WarmupLR(args.lr, scale, args.lr_warmup_steps),
-                                         momentum=args.momentum)
+def _steps(tf, hvd, args, model, opt) -> dict:
+    """The step functions by kind: "main" (the launch's own: synced by DistributedGradientTape unless --no-sync;
+    with --barrier a 4-byte allreduce after it) and, under --paired, "no_sync" (the same step, unaveraged)."""
+    from labkit.base import training
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)  # every labkit model: softmax
     # DistributedGradientTape averages the gradients over all ranks (fused ring allreduce); --no-sync skips it
     tape_wrapper = None if args.no_sync else functools.partial(hvd.DistributedGradientTape,
@@ -264,7 +277,108 @@ def train(args) -> dict:
 
         steps["main"] = tf.function(barrier_step, jit_compile=jit)
     if args.no_function:
-        steps = {k: s.python_function for k, s in steps.items()}  # the same steps, run eagerly op by op
+        steps = {k: step.python_function for k, step in steps.items()}  # the same steps, run eagerly op by op
+    return steps
+
+
+def _fault(args, rank: int, i: int) -> None:
+    """--fail-rank / --hang-rank: fail or hang this rank at step --fault-at-step (the launcher's tests)."""
+    if i == args.fault_at_step and rank == args.fail_rank:
+        raise RuntimeError(f"injected failure on rank {rank} at step {i} (--fail-rank)")
+    if i == args.fault_at_step and rank == args.hang_rank:
+        print(f"rank {rank}: hanging on purpose at step {i} (--hang-rank)", file=sys.stderr, flush=True)
+        time.sleep(10**6)
+
+
+class _Progress:
+    """Rank 0's progress lines (PROGRESS_TAG + JSON) over the timed steps of both kinds, and its log.jsonl."""
+
+    def __init__(self, args, rank: int, total: int, lr_fn, opt):
+        self.args, self.on, self.total, self.lr_fn, self.opt = args, rank == 0, total, lr_fn, opt
+        self.every, self.done, self.lines, self.t0 = args.progress_every or args.steps, 0, [], time.perf_counter()
+        self.log = Path(args.checkpoint_dir) / "log.jsonl" if self.on and args.checkpoint_dir else None
+        if self.log:
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+
+    def step(self, kind: str, loss: float) -> None:
+        self.done += 1
+        if not self.on or (self.done % self.every and self.done != self.total):
+            return
+        msg = {"step": self.done, "steps": self.total, "loss": round(loss, 4),
+               "lr": float(self.lr_fn(int(self.opt.iterations) - 1)),
+               "elapsed_s": round(time.perf_counter() - self.t0, 2)}
+        if self.args.paired:
+            msg["block"] = kind
+        print(f"{PROGRESS_TAG} {json.dumps(msg)}", flush=True)
+        if self.log:  # the whole log rewritten atomically (a few lines): a kill leaves the last complete one
+            from labkit.base import resultsfile
+            self.lines.append(json.dumps(msg) + "\n")
+            resultsfile.write_text(self.log, "".join(self.lines))
+
+
+def _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress) -> dict:
+    """Run the blocks of plan; per kind of step its timed step times, CPU times and per-thread snapshots, and
+    the losses, the index of the last synced step's, each control block's checksum."""
+    from labkit.base import rankstats
+    times = {k: {"step": [], "cpu": [], "threads": []} for k in steps}
+    run = {"times": times, "losses": [], "main_loss_at": 0, "no_sync_checksums": []}
+    last_main = max(b for b, (kind, _, _) in enumerate(plan) if kind == "main")
+    saved = None
+    for b, (kind, n_steps, timed) in enumerate(plan):
+        if kind == "main" and b > 0 and plan[b - 1][0] == "no_sync":
+            broadcast()  # untimed: every synced block starts from equal weights, whatever the control did
+        before = _thread_snapshot() if timed else None
+        for _ in range(n_steps):
+            _fault(args, rank, len(run["losses"]))
+            xb, yb = next(batches)
+            c0, t0 = time.process_time(), time.perf_counter()
+            loss = float(steps[kind](xb, yb))  # float() waits for the step to finish: honest per-step time
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            run["losses"].append(loss)
+            if kind == "main":
+                run["main_loss_at"] = len(run["losses"]) - 1
+            if timed:
+                times[kind]["step"].append(dt)
+                times[kind]["cpu"].append(dc)  # CPU seconds of all this rank's threads: work, not waiting for a core
+                progress.step(kind, loss)
+        if timed:
+            times[kind]["threads"].append((before, _thread_snapshot()))
+        if kind == "no_sync" and timed:  # before the next broadcast: each rank's own drift (the proof of no exchange)
+            run["no_sync_checksums"].append(rankstats.weights_checksum([v.numpy() for v in model.trainable_weights]))
+        if b == last_main and b < len(plan) - 1:  # the state to report: after the last synced block
+            saved = [v.numpy() for v in (*model.variables, *opt.variables())]
+    if saved is not None:  # undo the unsynced steps after the last synced block (checksum, checkpoint, lr)
+        for v, value in zip((*model.variables, *opt.variables()), saved):
+            v.assign(value)
+    return run
+
+
+def _timing(args, t: dict, comm_tids, network_role: str) -> dict:
+    """One kind of step's timing fields of the rank result."""
+    import numpy as np
+
+    from labkit.base import rankstats
+    return {"step_times_s": [round(x, 6) for x in t["step"]],
+            "cpu_step_time_s": float(np.median(t["cpu"])), "cpu_step_times_s": [round(x, 6) for x in t["cpu"]],
+            "thread_cpu_ms_per_step": thread_cpu_over_blocks(t["threads"], comm_tids, len(t["step"]),
+                                                             network_role=network_role),
+            **rankstats.summarize_times(t["step"], args.batch_size, args.steps)}
+
+
+def train(args) -> dict:
+    """This rank's training run, as its result dict (rank{R}.json)."""
+    tf, hvd, threads, n_gpus, comm_tids = _setup(args)
+    rank, size = hvd.rank(), hvd.size()
+    batches, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
+    from labkit import models
+    from labkit.base import config, rankstats, training
+    config.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
+    model = models.get(args.model, input_shape=tuple(shape), classes=args.classes)
+    scale = float(size) if args.scale_lr else 1.0
+    lr_fn = lambda step: training.warmup_lr(step, args.lr, scale, args.lr_warmup_steps)  # noqa: E731
+    opt = tf.keras.optimizers.legacy.SGD(learning_rate=training.WarmupLR(args.lr, scale, args.lr_warmup_steps),
+                                         momentum=args.momentum)
+    steps = _steps(tf, hvd, args, model, opt)
 
     def broadcast():  # everyone from rank 0's weights and optimizer state
         hvd.broadcast_variables(model.variables, root_rank=0)
@@ -272,81 +386,13 @@ def train(args) -> dict:
 
     opt._create_all_weights(model.trainable_variables)  # the slots exist before the first broadcast
     broadcast()
-
-    it = ds
     plan = schedule(args.steps, args.repeats, args.warmup_steps, args.paired)
-    timed_total = sum(n for _, n, timed in plan if timed)
-    last_main = max(b for b, (kind, _, _) in enumerate(plan) if kind == "main")
-    report_every = args.progress_every or args.steps
-    from labkit.base import resultsfile
-    log_path, log_lines = None, []
-    if rank == 0 and args.checkpoint_dir:
-        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        log_path = Path(args.checkpoint_dir) / "log.jsonl"
-
-    # per kind of step ("main": the launch's own, synced unless --no-sync; "no_sync": --paired's control):
-    # timed step times, CPU times, the per-thread snapshots around each timed block
-    times = {k: {"step": [], "cpu": [], "threads": []} for k in steps}
-    losses, main_loss_at, no_sync_checksums, saved = [], 0, [], None
-    i = done = 0  # steps run (warm-up included), timed steps run (both kinds under --paired)
-    t_start = time.perf_counter()
-    for b, (kind, n_steps, timed) in enumerate(plan):
-        if kind == "main" and b > 0 and plan[b - 1][0] == "no_sync":
-            broadcast()  # untimed: every synced block starts from equal weights, whatever the control did
-        step = steps[kind]
-        before = _thread_snapshot() if timed else None
-        for _ in range(n_steps):
-            if i == args.fault_at_step and rank == args.fail_rank:
-                raise RuntimeError(f"injected failure on rank {rank} at step {i} (--fail-rank)")
-            if i == args.fault_at_step and rank == args.hang_rank:
-                print(f"rank {rank}: hanging on purpose at step {i} (--hang-rank)", file=sys.stderr, flush=True)
-                time.sleep(10**6)
-            xb, yb = next(it)
-            c0, t0 = time.process_time(), time.perf_counter()
-            loss = float(step(xb, yb))  # float() waits for the step to finish: honest per-step time
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            losses.append(loss)
-            i += 1
-            if kind == "main":
-                main_loss_at = len(losses) - 1
-            if not timed:
-                continue
-            times[kind]["step"].append(dt)
-            times[kind]["cpu"].append(dc)  # CPU seconds of all this rank's threads: work, not waiting for a core
-            done += 1
-            # progress counts the timed steps of both kinds under --paired (what the launch still has to do)
-            if rank == 0 and (done % report_every == 0 or done == timed_total):
-                msg = {"step": done, "steps": timed_total, "loss": round(loss, 4),
-                       "lr": float(lr_fn(int(opt.iterations) - 1)), "elapsed_s": round(time.perf_counter() - t_start, 2)}
-                if args.paired:
-                    msg["block"] = kind
-                print(f"{PROGRESS_TAG} {json.dumps(msg)}", flush=True)
-                if log_path:  # the whole log rewritten atomically (a few lines): a kill leaves the last complete one
-                    log_lines.append(json.dumps(msg) + "\n")
-                    resultsfile.write_text(log_path, "".join(log_lines))
-        if timed:
-            times[kind]["threads"].append((before, _thread_snapshot()))
-        if kind == "no_sync" and timed:  # before the next broadcast: each rank's own drift (the proof of no exchange)
-            no_sync_checksums.append(training.weights_checksum([v.numpy() for v in model.trainable_weights]))
-        if b == last_main and b < len(plan) - 1:  # the state to report: after the last synced block
-            saved = [v.numpy() for v in (*model.variables, *opt.variables())]
-    if saved is not None:  # undo the unsynced steps after the last synced block (checksum, checkpoint, lr)
-        for v, value in zip((*model.variables, *opt.variables()), saved):
-            v.assign(value)
+    progress = _Progress(args, rank, sum(n for _, n, timed in plan if timed), lr_fn, opt)
+    run = _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress)
 
     controller = "mpi" if hvd.mpi_enabled() else "gloo"  # which one hvd.init chose (the launcher's)
     network_role = "mpi_events" if controller == "mpi" else "gloo_network"
-
-    import numpy as np
-
-    def timing(kind) -> dict:
-        t = times[kind]
-        return {"step_times_s": [round(x, 6) for x in t["step"]],
-                "cpu_step_time_s": float(np.median(t["cpu"])), "cpu_step_times_s": [round(x, 6) for x in t["cpu"]],
-                "thread_cpu_ms_per_step": thread_cpu_over_blocks(t["threads"], comm_tids, len(t["step"]),
-                                                                 network_role=network_role),
-                **training.summarize_times(t["step"], args.batch_size, args.steps)}
-
+    losses, at = run["losses"], run["main_loss_at"]
     # metric averaging: one allreduce of the whole loss history at the end, not one per step
     loss_avg = hvd.allreduce(tf.constant(losses, tf.float32), op=hvd.Average).numpy()
     # what the optimizer trains: BatchNorm's moving mean/variance follow each rank's own shard (Horovod does
@@ -361,24 +407,29 @@ def train(args) -> dict:
         "batch_size": args.batch_size, "global_batch_size": args.batch_size * size,
         "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
         "lr": args.lr, "lr_final": float(lr_fn(int(opt.iterations))), "scale_lr": args.scale_lr,
-        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "barrier": args.barrier, "num_groups": args.num_groups,
-        "jit": args.jit, "paired": args.paired,
-        **timing("main"),
-        "loss_local": [round(v, 5) for v in losses],
-        "loss_avg": [round(float(v), 5) for v in loss_avg],
+        "lr_warmup_steps": args.lr_warmup_steps, "sync": not args.no_sync, "barrier": args.barrier,
+        "num_groups": args.num_groups, "jit": args.jit, "paired": args.paired,
+        **_timing(args, run["times"]["main"], comm_tids, network_role),
+        "loss_local": [round(v, 5) for v in losses], "loss_avg": [round(float(v), 5) for v in loss_avg],
         # the last synced step's (under --paired the last step run may be a control step)
-        "final_loss": float(loss_avg[main_loss_at]), "final_loss_local": float(losses[main_loss_at]),
-        "checksum": training.weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
+        "final_loss": float(loss_avg[at]), "final_loss_local": float(losses[at]),
+        "checksum": rankstats.weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
         "grad_bytes": int(sum(4 * int(v.shape.num_elements()) for v in model.trainable_variables)),
         "grad_tensors": [4 * int(v.shape.num_elements()) for v in model.trainable_variables],
     }
     if args.paired:  # the control's timing, and each rank's trained weights after every one of its blocks
-        result["no_sync"] = {**timing("no_sync"), "checksums_after_block": no_sync_checksums,
-                             "checksum": no_sync_checksums[-1]}
+        checks = run["no_sync_checksums"]
+        result["no_sync"] = {**_timing(args, run["times"]["no_sync"], comm_tids, network_role),
+                             "checksums_after_block": checks, "checksum": checks[-1]}
     if rank == 0 and args.checkpoint_dir:
-        with resultsfile.replacing_path(Path(args.checkpoint_dir) / "weights.h5") as tmp:
-            model.save_weights(str(tmp))
+        _save_weights(model, Path(args.checkpoint_dir) / "weights.h5")
     return result
+
+
+def _save_weights(model, path: Path) -> None:
+    from labkit.base import resultsfile
+    with resultsfile.replacing_path(path) as tmp:
+        model.save_weights(str(tmp))
 
 
 def bench_allreduce(args) -> dict:

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from labkit.base.checks import check_int, check_ints, check_number
+
 
 def _local_setup(threads):
     import labkit  # noqa: F401
@@ -38,9 +40,7 @@ def throughput_vs_batch(batch_sizes=(1, 2, 4, 8, 16, 32, 64), *, model="small_cn
     from labkit.base import config
     from labkit import models
     from labkit.base.rankstats import summarize_times
-    for b in batch_sizes:
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-            raise ValueError(f"batch_sizes must be positive ints; got {b!r}")
+    batch_sizes = check_ints(batch_sizes, "batch_sizes", minimum=1)
     tf = _local_setup(threads)
     rows = []
     for b in batch_sizes:
@@ -65,27 +65,14 @@ def throughput_vs_batch(batch_sizes=(1, 2, 4, 8, 16, 32, 64), *, model="small_cn
 
 def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1, num_examples=4096,
                       num_val=1000, data="synthetic", threads=None, seed=0, evals_per_epoch=2):
-    """Validation accuracy (and training loss) against epochs and training time for: batch b at lr; batch
-    k*b at lr (no scaling); at k*lr (linear scaling); at k*lr with gradual warmup over warmup_epochs
-    (Goyal et al.). One process: the k*b batch is what k workers of b would average, computed at once
-    (exact for SGD on the same examples). The validation set (num_val images) is held out from training.
-    Returns a long DataFrame: config, epoch, train_s (training time so far, evaluations excluded), loss
-    (mean training loss since the last point), val_acc.
-    """
+    """Validation accuracy against epochs and training time: b at lr, k*b at lr, at k*lr, at k*lr with warmup."""
     import pandas as pd
-    from labkit.base import config
-    from labkit import models
     from labkit import data as lkdata
-    from labkit.base.training import warmup_lr
     for name, v in (("k", k), ("batch_size", batch_size), ("epochs", epochs), ("num_val", num_val),
                     ("evals_per_epoch", evals_per_epoch)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1; got {v!r}")
-    if not (isinstance(warmup_epochs, (int, float)) and 0 <= warmup_epochs <= epochs):
-        raise ValueError(f"warmup_epochs must be a number in [0, epochs={epochs}]; got {warmup_epochs!r}")
-    if num_examples < k * batch_size:
-        raise ValueError(f"num_examples must hold at least one large batch (k x batch_size = {k * batch_size}); "
-                         f"got {num_examples}")
+        check_int(v, name, minimum=1)
+    check_number(warmup_epochs, "warmup_epochs", minimum=0, maximum=epochs)
+    check_int(num_examples, "num_examples", minimum=k * batch_size)  # at least one large batch
     tf = _local_setup(threads)
     if data == "synthetic":
         (x, y), (xv, yv) = lkdata.synthetic(num_examples, num_val, seed=seed)
@@ -95,7 +82,7 @@ def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1,
                                                      n_test=num_val)
         name = str(getattr(info, "name", info))
     x, y = lkdata.normalize(x), np.asarray(y).reshape(-1).astype("int32")
-    xv, yv = lkdata.normalize(xv), np.asarray(yv).reshape(-1).astype("int32")
+    val = lkdata.normalize(xv), np.asarray(yv).reshape(-1).astype("int32")
     configs = [
         (f"b={batch_size}, lr={lr:g}", batch_size, 1.0, False),
         (f"b={k * batch_size}, lr={lr:g} (no scaling)", k * batch_size, 1.0, False),
@@ -104,29 +91,40 @@ def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1,
     ]
     rows = []
     for label, b, scale, warm in configs:
-        config.set_seed(seed)
-        net = models.get("small_cnn", input_shape=x.shape[1:])
-        steps_per_epoch = len(x) // b
-        warm_steps = int(round(warmup_epochs * steps_per_epoch)) if warm else 0
-        sched = lambda step, s=scale, w=warm_steps: warmup_lr(step, lr, s, w)  # noqa: E731
-        opt = tf.keras.optimizers.legacy.SGD(learning_rate=lambda: sched(opt.iterations), momentum=0.9)
-        step = _train_step_fn(tf, net, opt)
-        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(b, drop_remainder=True)
-        every = max(1, steps_per_epoch // evals_per_epoch)
-        i, run_loss, train_s = 0, [], 0.0
-        for epoch in range(epochs):
-            t0 = time.perf_counter()
-            for xb, yb in ds:
-                loss = float(step(xb, yb))
-                run_loss.append(loss if np.isfinite(loss) else 1e3)
-                i += 1
-                if i % every == 0:
-                    train_s += time.perf_counter() - t0
-                    pred = np.argmax(net.predict(xv, batch_size=500, verbose=0), axis=1)
-                    rows.append({"config": label, "batch_size": b, "lr_peak": lr * scale, "warmup": warm,
-                                 "epoch": i / steps_per_epoch, "train_s": train_s, "loss": float(np.mean(run_loss)),
-                                 "val_acc": float(np.mean(pred == yv)), "data": name})
-                    run_loss = []
-                    t0 = time.perf_counter()
-            train_s += time.perf_counter() - t0  # the epoch's steps after its last evaluation
+        points = _lr_curve(tf, x, y, val, b, lr, scale, warmup_epochs if warm else 0, epochs, evals_per_epoch, seed)
+        rows += [{"config": label, "batch_size": b, "lr_peak": lr * scale, "warmup": warm, **pt, "data": name}
+                 for pt in points]
     return pd.DataFrame(rows)
+
+
+def _lr_curve(tf, x, y, val, b, lr, scale, warmup_epochs, epochs, evals_per_epoch, seed) -> list[dict]:
+    """One configuration of lr_scaling_curves trained from the same start: its points (epoch, train_s, loss,
+    val_acc), evals_per_epoch per epoch, the evaluations left out of train_s."""
+    from labkit import models
+    from labkit.base import config
+    from labkit.base.training import warmup_lr
+    config.set_seed(seed)
+    net = models.get("small_cnn", input_shape=x.shape[1:])
+    steps_per_epoch = len(x) // b
+    warm_steps = int(round(warmup_epochs * steps_per_epoch))
+    opt = tf.keras.optimizers.legacy.SGD(learning_rate=lambda: warmup_lr(opt.iterations, lr, scale, warm_steps),
+                                         momentum=0.9)
+    step = _train_step_fn(tf, net, opt)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed).batch(b, drop_remainder=True)
+    every = max(1, steps_per_epoch // evals_per_epoch)
+    i, run_loss, train_s, points = 0, [], 0.0, []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        for xb, yb in ds:
+            loss = float(step(xb, yb))
+            run_loss.append(loss if np.isfinite(loss) else 1e3)
+            i += 1
+            if i % every == 0:
+                train_s += time.perf_counter() - t0
+                pred = np.argmax(net.predict(val[0], batch_size=500, verbose=0), axis=1)
+                points.append({"epoch": i / steps_per_epoch, "train_s": train_s, "loss": float(np.mean(run_loss)),
+                               "val_acc": float(np.mean(pred == val[1]))})
+                run_loss = []
+                t0 = time.perf_counter()
+        train_s += time.perf_counter() - t0  # the epoch's steps after its last evaluation
+    return points

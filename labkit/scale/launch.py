@@ -6,7 +6,9 @@ else `horovodrun --gloo` (also over the nodes of a Slurm allocation or other hos
 rank 0's progress while it runs, and returns each rank's result dict. A timeout, an interrupt or a
 crashed rank kills every process the launch started (found by process tree and by an environment
 marker, so nothing is orphaned) and raises HorovodRunError with the failing rank's last stderr lines.
-labkit.scale.scaling turns the results into throughput and efficiency tables.
+Where the ranks run (hosts, slots, the launcher's choice, core binding) is labkit.scale.hosts'; progress=True
+prints rank 0's progress lines, a callable receives each as a dict. labkit.scale.scaling turns the results into
+throughput and efficiency tables.
 
 Shared-machine hygiene: the ranks get an allow-listed environment (child_env), never the caller's whole
 one (Horovod's Gloo launcher writes every variable into each rank's command line, visible in `ps`); and a
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import os
 import queue
 import re
@@ -31,7 +32,18 @@ import time
 import uuid
 from pathlib import Path
 
+from labkit.base.checks import check_int, check_number
 from labkit.scale.horovod_info import horovodrun_path
+from labkit.scale.hosts import (  # noqa: F401  (where the ranks run: the launcher's inputs)
+    FAST_MPI_SETTINGS,
+    NODE_PREFIX,
+    choose_launcher,
+    core_binding,
+    launch_problem,
+    parse_hosts,
+    slurm_hosts,
+    take_slots,
+)
 
 WORKER = "labkit.scale.hvd_train"  # the module every rank runs unless a launch names another
 MARKER_ENV = "LABKIT_RUN_ID"  # every process of one launch carries this, so none can escape the cleanup
@@ -58,124 +70,6 @@ class HorovodRunError(RuntimeError):
 
 
 
-def slurm_hosts(env=None) -> list[str]:
-    """'host:slots' for each node of the current Slurm allocation (empty outside Slurm)."""
-    env = os.environ if env is None else env
-    if not env.get("SLURM_JOB_ID"):
-        return []
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
-    try:
-        names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                               text=True, timeout=30, check=True).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        names = [n for n in nodelist.split(",") if n and "[" not in n]
-    # SLURM_TASKS_PER_NODE looks like "2(x3),1": take the first node's count
-    per_node = (env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "").split("(")[0].split(",")[0]
-                or env.get("SLURM_CPUS_ON_NODE", "1"))
-    slots = int(per_node) if per_node.isdigit() else 1
-    return [f"{n}:{slots}" for n in names]
-
-
-def parse_hosts(hosts) -> list[str]:
-    """'name:slots' entries from horovodrun's -H syntax ("node1:2,node2:2") or a list; a bare name is 1 slot.
-    Bad entries raise ValueError naming `hosts` and what was expected."""
-    entries = hosts.split(",") if isinstance(hosts, str) else list(hosts)
-    parsed = []
-    for entry in entries:
-        name, sep, slots = str(entry).strip().rpartition(":")
-        if not sep:
-            name, slots = slots, "1"
-        if not name or not slots.isdigit() or int(slots) < 1 or any(c.isspace() for c in name):
-            raise ValueError(f"hosts must be name:slots entries with slots >= 1 (e.g. node1:2,node2:2); "
-                             f"got {entry!r}")
-        parsed.append(f"{name}:{int(slots)}")
-    if not parsed:
-        raise ValueError("hosts must name at least one host, e.g. localhost:2")
-    return parsed
-
-
-def take_slots(hosts, np_: int) -> list[str]:
-    """The first np_ slots of 'host:slots' entries.
-
-    horovodrun's Gloo launcher starts a rank in EVERY slot it is given, whatever -np says, so np=1 inside
-    a 2-task allocation must be handed 'node:1', not 'node:2'.
-    """
-    taken, left = [], np_
-    for entry in parse_hosts(hosts):
-        name, _, slots = entry.rpartition(":")
-        n = min(int(slots), left)
-        if n > 0:
-            taken.append(f"{name}:{n}")
-            left -= n
-    if left > 0:
-        raise ValueError(f"np={np_} needs more slots than the hosts offer ({','.join(parse_hosts(hosts))})")
-    return taken
-
-
-# Open MPI settings that made Horovod's exchange fastest where the workers share one machine's cores
-# (labkit.scale.localscale.controller_cost, notebooks/results/controllers.json): a waiting MPI call gives its core
-# away between polls instead of spinning on it, and Horovod's background thread looks for ready gradients
-# every 0.1 ms instead of every 1 ms.
-FAST_MPI_SETTINGS = {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "0.1"}
-
-
-def _on_this_machine(hosts, env) -> bool:
-    """True when every rank runs here: no hosts (and no Slurm allocation), or only this machine's names."""
-    if hosts is None:
-        return not slurm_hosts(env)
-    import socket
-    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
-    return all(entry.rpartition(":")[0] in here for entry in parse_hosts(hosts))
-
-
-def choose_launcher(launcher: str = "auto", hosts=None, env=None, env_extra=None) -> tuple[str, dict, str]:
-    """(launcher, settings, note) of a launch. "auto" becomes "mpi" (mpirun) with FAST_MPI_SETTINGS, less any
-    the caller set in env (default os.environ) or env_extra, where Horovod was built with MPI and every rank
-    runs on this machine; else "gloo" (horovodrun), over the hosts or the Slurm allocation. An explicit
-    launcher stays as given, with no settings. note: one line saying which controller, with which
-    settings, and how to choose another."""
-    from labkit.scale import mpi
-    if launcher not in ("auto", "gloo", "mpi", "srun"):
-        raise ValueError(f"launcher must be 'auto', 'gloo', 'mpi' or 'srun'; got {launcher!r}")
-    env = os.environ if env is None else env
-    theirs = {**{k: env[k] for k in FAST_MPI_SETTINGS if k in env}, **(env_extra or {})}
-    if launcher == "mpi":
-        return "mpi", {}, f"controller: MPI via mpirun ({mpi.describe()}), as chosen, with the settings you gave"
-    if launcher in ("gloo", "srun"):
-        how = "horovodrun --gloo" if launcher == "gloo" else "srun"
-        return launcher, {}, f"controller: {'Gloo' if launcher == 'gloo' else 'MPI'} ({how}), as chosen"
-    if not _on_this_machine(hosts, env):
-        return "gloo", {}, ("controller: Gloo (horovodrun --gloo) over the hosts (the default across machines); "
-                            "for mpirun over the same hosts: --launcher mpi (launcher='mpi')")
-    if not mpi.horovod_has_mpi():
-        return "gloo", {}, ("controller: Gloo (horovodrun --gloo): Horovod here was built without MPI; "
-                            "`make setup` builds it with Open MPI from PyPI, whose tuned exchange is faster")
-    settings = {k: v for k, v in FAST_MPI_SETTINGS.items() if k not in theirs}
-    shown = " ".join(f"{k}={theirs.get(k, v)}{' (yours)' if k in theirs else ''}" for k, v in FAST_MPI_SETTINGS.items())
-    return "mpi", settings, (f"controller: MPI via mpirun ({mpi.describe()}) with {shown}, the fastest measured "
-                             f"on one machine, each of two or more workers on its own cores; for Gloo: --launcher gloo (launcher='gloo')")
-
-
-def core_binding(np_: int, threads=None, hosts=None, env=None) -> list[str]:
-    """mpirun's placement of np_ ranks of `threads` compute threads each on this machine.
-
-    Two or more ranks that fit this Linux machine's cores (np_ x threads <= them) are each bound to their own
-    `threads` cores (`--map-by slot:PE=threads --bind-to core`): Horovod's background thread then shares a
-    core only with its own rank's compute, not with the other rank's (measured on 2 cores, small_cnn, one
-    thread per rank, ratio of efficiencies with / without exchange: 0.81-1.24 bound in 6 rounds, 0.72-0.88
-    unbound in 3; two workers ~13,000 images/s bound, ~11,000 unbound). One rank, more ranks than
-    cores, other hosts, other systems, or threads not given: no binding (`--bind-to none --map-by slot`), so a
-    lone rank's helper threads can use the free cores."""
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise ValueError(f"threads must be a positive int or None; got {threads!r}")
-    from labkit.base import machine
-    env = os.environ if env is None else env
-    if (threads and np_ >= 2 and np_ * threads <= machine.physical_cores() and sys.platform == "linux"
-            and _on_this_machine(hosts, env)):
-        return ["--map-by", f"slot:PE={threads}", "--bind-to", "core"]
-    return ["--bind-to", "none", "--map-by", "slot"]
-
-
 def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=None, python=None,
                   env=None, export=(), module: str = WORKER, threads: int | None = None) -> list[str]:
     """The command line that starts np_ ranks of `python -m module` (labkit.scale.hvd_train by default).
@@ -185,8 +79,7 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
     starts the ranks; needs a Horovod built with MPI), or "auto" (choose_launcher's choice). threads:
     compute threads per rank, for mpirun's placement (core_binding).
     """
-    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 1:
-        raise ValueError(f"np must be a positive int; got {np_!r}")
+    check_int(np_, "np", minimum=1)
     if launcher == "auto":
         launcher = choose_launcher(launcher, hosts, env)[0]
     elif launcher not in ("gloo", "mpi", "srun"):
@@ -428,28 +321,50 @@ def _failure(label, timeout, wall, proc, timed_out, tails, launcher_lines) -> Ho
                            rank=rank, returncode=proc.returncode, stderr_tail=tail)
 
 
+def _launch_env(chosen: str, settings: dict, env_extra, marker: str) -> dict:
+    """The ranks' environment: child_env with the launcher's settings, then the caller's, and the marker."""
+    env = child_env({**settings, **(env_extra or {})}, marker)
+    if chosen == "mpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        # Open MPI 4's names, which Open MPI 5 (PRRTE) honours too
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def _results(out: Path, np_: int, label: str, proc, wall: float) -> list[dict]:
+    """Each rank's rank{R}.json, in rank order, with the launch's wall time; HorovodRunError if one is missing."""
+    results = []
+    for r in range(np_):
+        f = out / f"rank{r}.json"
+        if not f.is_file():
+            raise HorovodRunError(f"{label}: rank {r} exited cleanly but wrote no {f.name}", rank=r,
+                                  returncode=proc.returncode)
+        results.append({**json.loads(f.read_text()), "wall_s": wall})
+    return results
+
+
+def _stream_and_clean(proc, marker, state: dict, timeout, start, progress, label, tail_lines):
+    """_stream(proc), then kill every process of the launch left behind (all of them on a timeout or an
+    interrupt); state["cleaned"] is True once that is done (else the watchdog finishes it)."""
+    try:
+        return _stream(proc, timeout, start, progress, label, tail_lines)
+    except BaseException:  # KeyboardInterrupt (the notebook's stop button, SIGTERM in the CLI) included
+        kill_tree(proc, marker)
+        raise
+    finally:
+        if proc.poll() is None or marked_processes(marker):
+            kill_tree(proc, marker)
+        state["cleaned"] = True  # not reached if a second signal interrupts the cleanup
+
+
 def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: float = 300, progress=True,
            env_extra=None, out_dir=None, tail_lines: int = 15, label: str | None = None,
            marker: str | None = None, module: str = WORKER, threads: int | None = None) -> list[dict]:
-    """Run `python -m module` (labkit.scale.hvd_train by default) on np_ ranks and return the ranks' result
-    dicts (sorted by rank); the module writes them as hvd_train does (rank{N}.json in --out).
-
-    launcher: "auto" (choose_launcher: mpirun with Open MPI's fastest measured settings where Horovod has MPI
-    and every rank runs here, else horovodrun --gloo; with progress, one line says which), "gloo", "mpi"
-    or "srun". hosts: -H entries ("node1:1,node2:1" or a list); default localhost, or the Slurm allocation.
-    threads: compute threads per rank; with mpirun, 2+ ranks that fit this machine get a core each (core_binding).
-    Streams rank 0's progress lines (progress=True prints them; a callable receives each parsed dict).
-    On timeout, KeyboardInterrupt or a non-zero exit every process of the launch is killed and
-    HorovodRunError is raised with the failing rank's last `tail_lines` stderr lines. Every process
-    carries MARKER_ENV=marker (a fresh id unless given), which is how stragglers are found and killed,
-    by this function or, if the launcher itself dies, by its watchdog. A temporary out_dir is removed on
-    every path.
-    """
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
-        raise ValueError(f"timeout must be a finite number of seconds > 0; got {timeout!r}")
+    """Run `python -m module` (hvd_train) on np_ ranks: their results, or HorovodRunError with every process killed."""
+    check_number(timeout, "timeout", above=0)
     own_dir = out_dir is None
     out = Path(tempfile.mkdtemp(prefix="labkit-scale-")) if own_dir else Path(out_dir)
-    watchdog, cleaned = None, False
+    watchdog, state = None, {"cleaned": False}
     try:
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob("rank*.json"):
@@ -458,46 +373,25 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
         if launcher == "auto" and progress:
             print(note, flush=True)
         marker = marker or uuid.uuid4().hex
-        env = child_env({**settings, **(env_extra or {})}, marker)
-        if chosen == "mpi" and hasattr(os, "geteuid") and os.geteuid() == 0:
-            # Open MPI 4's names, which Open MPI 5 (PRRTE) honours too
-            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        env = _launch_env(chosen, settings, env_extra, marker)
         cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=chosen, hosts=hosts,
                             export=sorted(env) if chosen == "mpi" else (), module=module, threads=threads)
-        label = label or f"np={np_}"
-        start = time.perf_counter()
+        label, start = label or f"np={np_}", time.perf_counter()
         proc = subprocess.Popen(_die_with_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=env, start_new_session=True, bufsize=1)
         watchdog = _start_watchdog(marker, proc.pid, out if own_dir else None)
-        try:
-            timed_out, tails, launcher_lines = _stream(proc, timeout, start, progress, label, tail_lines)
-        except BaseException:  # KeyboardInterrupt (the notebook's stop button, SIGTERM in the CLI) included
-            kill_tree(proc, marker)
-            raise
-        finally:
-            if proc.poll() is None or marked_processes(marker):
-                kill_tree(proc, marker)
-            cleaned = True  # not reached if a second signal interrupts the cleanup: the watchdog finishes it
+        timed_out, tails, launcher_lines = _stream_and_clean(proc, marker, state, timeout, start, progress, label,
+                                                             tail_lines)
         wall = time.perf_counter() - start
         if timed_out or proc.returncode != 0:
             raise _failure(label, timeout, wall, proc, timed_out, tails, launcher_lines)
-        results = []
-        for r in range(np_):
-            f = out / f"rank{r}.json"
-            if not f.is_file():
-                raise HorovodRunError(f"{label}: rank {r} exited cleanly but wrote no {f.name}", rank=r,
-                                      returncode=proc.returncode)
-            results.append(json.loads(f.read_text()))
-        for res in results:
-            res["wall_s"] = wall
-        return results
+        return _results(out, np_, label, proc, wall)
     finally:
         if own_dir:
             shutil.rmtree(out, ignore_errors=True)
         if watchdog is not None:
             try:
-                watchdog.write("done" if cleaned else "")
+                watchdog.write("done" if state["cleaned"] else "")
                 watchdog.close()
             except OSError:
                 pass
@@ -505,29 +399,3 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--watchdog"]:
     _watchdog_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "")
-
-
-# the virtual cluster of scripts/vcluster.sh (07_scaling_deep_dive): its nodes are network namespaces
-NODE_PREFIX = "labkit-node"
-
-
-def launch_problem(hosts, netns_dir: Path = Path("/run/netns"), own_netns: str = "/proc/self/ns/net") -> str | None:
-    """Why a launch over hosts cannot work from here, or None: hosts naming nodes of the virtual cluster
-    (labkit-nodeK, up as network namespaces) reached from outside them. The nodes' names resolve on the host
-    too, but Gloo's rendezvous server would listen where the nodes cannot reach it, so horovodrun would end
-    in "HTTP request failed"; a launch must start on a node. Detected by comparing this process's network
-    namespace with the nodes' (their files in netns_dir are bind mounts of the namespaces)."""
-    names = [entry.rpartition(":")[0] for entry in parse_hosts(hosts)]
-    nodes = [n for n in names if re.fullmatch(rf"{NODE_PREFIX}\d+", n) and (netns_dir / n).exists()]
-    if not nodes:
-        return None
-    try:
-        here = os.stat(own_netns)
-        node_ns = {(st.st_dev, st.st_ino) for st in (os.stat(p) for p in netns_dir.glob(f"{NODE_PREFIX}*"))}
-    except OSError:
-        return None  # cannot tell: let the launch speak for itself
-    if (here.st_dev, here.st_ino) in node_ns:
-        return None
-    return (f"{', '.join(nodes)} are nodes of the virtual cluster and this process runs on the host, outside "
-            "them: Gloo's rendezvous would be unreachable from the nodes. Launch from a node: "
-            f"scripts/vcluster.sh exec {nodes[0]} {sys.executable} -m labkit scale ...")

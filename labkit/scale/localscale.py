@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from labkit.base import resultsfile
+from labkit.base.checks import check_int
 from labkit.scale import scaling
 
 # controller_cost's committed measurement (04 and 07 show it where Horovod has no MPI or the profile is quick)
@@ -120,29 +121,11 @@ def _check_settings(settings) -> list:
 
 
 def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress=False, **run_kw):
-    """Horovod's exchange under each setting, each beside its own exchange-free steps in the same launch.
-
-    settings: (label, launcher 'gloo' | 'mpi', environment of the launch) tuples (default CONTROLLERS). For
-    each, np_ workers (one thread each) train `batch` images per step in one launch, in alternating blocks
-    without exchange and with Horovod's (scaling.run_paired), on one fixed batch of random images unless
-    run_kw says otherwise. Every round runs every setting once, in order, so a busy spell on a shared machine falls on all of them alike; the table
-    keeps the median over rounds. MPI settings need a Horovod built with MPI and an mpirun (checked before any
-    launch). Returns one row per setting: label, launcher, settings ('NAME=value ...'), no_sync_step_ms and
-    horovod_step_ms (median step, over the workers), vs_no_sync (the share of its own exchange-free speed the
-    exchange keeps), vs_best_no_sync (the same against the fastest exchange-free run in the table: a
-    setting that slows its own baseline gains nothing by it), no_sync_cpu_ms and horovod_cpu_ms (CPU time per step of one worker's process), the
-    same for Horovod's background thread alone (*_hvd_thread_cpu_ms, Linux; NaN elsewhere), in_sync (the
-    workers' weights equal in every round), the controller and the settings the workers reported (controller,
-    workers_saw)."""
-    import statistics
-
+    """Horovod's exchange under each (label, launcher, environment) setting, beside its own exchange-free steps."""
     import pandas as pd
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise ValueError(f"batch must be an int >= 1 (images per worker per step); got {batch!r}")
-    if not isinstance(np_, int) or isinstance(np_, bool) or np_ < 2:
-        raise ValueError(f"np_ must be an int >= 2 (an exchange needs two workers); got {np_!r}")
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
-        raise ValueError(f"rounds must be an int >= 1; got {rounds!r}")
+    check_int(batch, "batch", minimum=1)  # images per worker per step
+    check_int(np_, "np_", minimum=2)  # an exchange needs two workers
+    check_int(rounds, "rounds", minimum=1)
     settings = _check_settings(settings)
     scaling.check_model(run_kw.get("model", scaling.DEFAULT_MODEL))
     if any(launcher == "mpi" for _, launcher, _ in settings) and not mpi_available():
@@ -153,7 +136,7 @@ def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress
     run_kw = {"data": "random", **run_kw, "threads": 1}
     base_env = dict(run_kw.pop("env_extra", None) or {})
     seen = {label: {"no_sync": [], "horovod": []} for label, _, _ in settings}
-    for r in range(rounds):
+    for r in range(rounds):  # every setting once per round: a busy spell falls on all of them alike
         for label, launcher, env in settings:
             with_exchange, without = scaling.run_paired([np_], batch_size=batch, launcher=launcher, progress=False,
                                                         env_extra={**base_env, **env}, **run_kw)
@@ -164,28 +147,31 @@ def controller_cost(batch=64, np_=2, *, settings=CONTROLLERS, rounds=2, progress
                 print(f"round {r + 1}/{rounds}, {label}: no exchange "
                       f"{1e3 * last['no_sync'][-1]['step_time_s']:.1f} ms per step, Horovod "
                       f"{1e3 * last['horovod'][-1]['step_time_s']:.1f} ms", flush=True)
-    rows = []
-    for label, launcher, env in settings:
-        row = {"label": label, "launcher": launcher,
-               "settings": " ".join(f"{k}={v}" for k, v in env.items()) or "defaults"}
-        for name, runs in seen[label].items():
-            row[f"{name}_step_ms"] = statistics.median(1e3 * x["step_time_s"] for x in runs)
-            row[f"{name}_cpu_ms"] = statistics.median(1e3 * x["cpu_step_time_s"] for x in runs)
-            bg = [statistics.mean(w["thread_cpu_ms_per_step"]["horovod_background"] for w in x["ranks"])
-                  for x in runs if all("horovod_background" in (w.get("thread_cpu_ms_per_step") or {})
-                                       for w in x["ranks"])]
-            row[f"{name}_hvd_thread_cpu_ms"] = statistics.median(bg) if len(bg) == len(runs) else float("nan")
-            row[f"{name}_all_step_ms"] = [round(1e3 * x["step_time_s"], 3) for x in runs]
-        row["vs_no_sync"] = row["no_sync_step_ms"] / row["horovod_step_ms"]
-        row["in_sync"] = all(bool(x["in_sync"]) for x in seen[label]["horovod"])
-        first = seen[label]["horovod"][0]["ranks"][0]  # what the workers themselves saw
-        row["controller"], row["workers_saw"] = first.get("controller", ""), first.get("tuning", {})
-        rows.append(row)
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame([_controller_row(label, launcher, env, seen[label]) for label, launcher, env in settings])
     # against the fastest exchange-free run of any setting: a setting that slows its own baseline (Open MPI
     # polling with nothing to send) must not look better for it
     table["vs_best_no_sync"] = table["no_sync_step_ms"].min() / table["horovod_step_ms"]
     return table
+
+
+def _controller_row(label, launcher, env, seen) -> dict:
+    """One setting's row of controller_cost: medians over rounds of the step and CPU times with and without
+    the exchange, Horovod's background thread's CPU time, the sync proof and what the workers reported."""
+    import statistics
+    row = {"label": label, "launcher": launcher, "settings": " ".join(f"{k}={v}" for k, v in env.items()) or "defaults"}
+    for name, runs in seen.items():
+        row[f"{name}_step_ms"] = statistics.median(1e3 * x["step_time_s"] for x in runs)
+        row[f"{name}_cpu_ms"] = statistics.median(1e3 * x["cpu_step_time_s"] for x in runs)
+        bg = [statistics.mean(w["thread_cpu_ms_per_step"]["horovod_background"] for w in x["ranks"])
+              for x in runs if all("horovod_background" in (w.get("thread_cpu_ms_per_step") or {})
+                                   for w in x["ranks"])]
+        row[f"{name}_hvd_thread_cpu_ms"] = statistics.median(bg) if len(bg) == len(runs) else float("nan")
+        row[f"{name}_all_step_ms"] = [round(1e3 * x["step_time_s"], 3) for x in runs]
+    row["vs_no_sync"] = row["no_sync_step_ms"] / row["horovod_step_ms"]
+    row["in_sync"] = all(bool(x["in_sync"]) for x in seen["horovod"])
+    first = seen["horovod"][0]["ranks"][0]  # what the workers themselves saw
+    row["controller"], row["workers_saw"] = first.get("controller", ""), first.get("tuning", {})
+    return row
 
 
 def open_mpi_version() -> str:

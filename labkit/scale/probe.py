@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+from labkit.base.checks import check_int, check_number
+
 # One child: pinned to one BLAS thread by its environment, waits for the shared start time, multiplies
 # n x n float32 matrices until the window closes, prints its GFLOP/s as JSON.
 _CHILD = r"""
@@ -39,12 +41,9 @@ _ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_
 
 def gemm_rates(processes: int, seconds: float = 2.0, n: int = 384, timeout: float = 120) -> list[float]:
     """GFLOP/s of each of `processes` single-thread GEMM processes computing in the same time window."""
-    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
-        raise ValueError(f"processes must be an int >= 1; got {processes!r}")
-    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 < seconds <= 60:
-        raise ValueError(f"seconds must be a number in (0, 60]; got {seconds!r}")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 16:
-        raise ValueError(f"n must be an int >= 16 (matrix side); got {n!r}")
+    check_int(processes, "processes", minimum=1)
+    check_number(seconds, "seconds", above=0, maximum=60)
+    check_int(n, "n", minimum=16)  # the matrix side
     from labkit.scale.launch import child_env
     env = child_env(_ONE_THREAD)
     start = time.time() + 1.0 + 0.2 * processes  # every child is started and warm before the window opens

@@ -1,18 +1,19 @@
 """Data-parallel scaling, measured: per worker count, images/s, speedup and efficiency (04_horovod_scaling).
 
-`run(np=[1, 2])` launches labkit.scale.hvd_train through labkit.scale.launch once per worker count and returns a
-pandas DataFrame with one row per worker count: total images/s (mean and spread over timed repeats),
-speedup, efficiency, each rank's weight checksum. `run_paired` times the same steps with and without the
-gradient exchange in alternating blocks of one launch per worker count (two such DataFrames). `per_rank`
-unfolds the ranks, `to_json` writes the `labkit scale --json` document, `plot_scaling` draws it. The cost model that explains the numbers is
-labkit.scale.allreduce; the explorer widget is labkit.widgets.scaling.
+`run([1, 2], batch_size=32)` launches labkit.scale.hvd_train through labkit.scale.launch once per worker count,
+with a RunSettings (labkit.scale.settings) or its fields by keyword, and returns a pandas DataFrame with one row
+per worker count: total images/s (mean and spread over timed repeats), speedup, efficiency, each rank's weight
+checksum. `run_paired` times the same steps with and without the gradient exchange in alternating blocks of one
+launch per worker count (two such DataFrames). `per_rank` unfolds the ranks, `to_json` writes the `labkit scale
+--json` document, `plot_scaling` draws it. The cost model that explains the numbers is labkit.scale.allreduce;
+the explorer widget is labkit.widgets.scaling.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
-import math
 import os
 import signal
 import subprocess
@@ -23,24 +24,20 @@ from pathlib import Path
 import numpy as np
 
 from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, launch_problem, take_slots
+from labkit.scale.settings import (  # noqa: F401  (check_model, model_names: also reachable as scaling's)
+    DEFAULT_MODEL,
+    LAUNCHERS,
+    SCALINGS,
+    RunSettings,
+    check_model,
+    check_nps,
+    model_names,
+)
 
-DEFAULT_MODEL = "small_cnn"
 
-
-def train_args(*, model="small_cnn", batch_size=64, steps=20, repeats=3, warmup_steps=5, data="synthetic",
-               num_examples=None, lr=0.01, scale_lr=False, lr_warmup_steps=0, threads=1, sync=True,
-               seed=0, extra=()) -> list[str]:
-    """hvd_train's command-line arguments for the given settings."""
-    if num_examples is None:  # enough for every rank to take a few batches of its shard
-        num_examples = max(1024, 8 * batch_size * 2)
-    a = ["--model", model, "--batch-size", batch_size, "--steps", steps, "--repeats", repeats,
-         "--warmup-steps", warmup_steps, "--data", data, "--num-examples", num_examples, "--lr", lr,
-         "--lr-warmup-steps", lr_warmup_steps, "--threads", threads, "--seed", seed]
-    if scale_lr:
-        a.append("--scale-lr")
-    if not sync:
-        a.append("--no-sync")
-    return [str(v) for v in a] + [str(v) for v in extra]
+def train_args(**settings) -> list[str]:
+    """hvd_train's command line for the given settings (RunSettings' names and defaults): RunSettings(...).argv()."""
+    return RunSettings(**settings).argv()
 
 
 def summarize(ranks: list[dict]) -> dict:
@@ -83,29 +80,6 @@ def efficiency(df, base_np=None):
     return df
 
 
-@functools.lru_cache(maxsize=None)
-def model_names() -> tuple:
-    """The model names the ranks can build: labkit.models' names and small_cnn. Asked of a child Python
-    unless TensorFlow is already loaded here, so that `labkit scale` never loads it itself."""
-    if "tensorflow" in sys.modules:
-        from labkit import models
-        return tuple(sorted({*models.names(), DEFAULT_MODEL}))
-    out = subprocess.run([sys.executable, "-c", "from labkit import models; print(*models.names())"],
-                         capture_output=True, text=True, timeout=300, env=child_env())
-    if out.returncode != 0:
-        raise RuntimeError(f"could not list labkit.models: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-    return tuple(sorted({*out.stdout.split(), DEFAULT_MODEL}))
-
-
-def check_model(model, name: str = "model") -> None:
-    """ValueError naming `name` (the parameter) unless the ranks can build model (small_cnn is checked for free)."""
-    if model == DEFAULT_MODEL:
-        return
-    names = model_names()
-    if model not in names:
-        raise ValueError(f"{name} must be one of {', '.join(names)}; got {model!r}")
-
-
 def data_note(data: str) -> str:
     """Which data set the ranks will train on, and why (said before a launch; the ranks report it too)."""
     from labkit import data as lkdata
@@ -122,27 +96,16 @@ def data_note(data: str) -> str:
             "cache); `labkit data fetch cifar10` gets it")
 
 
-def run(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, warmup_steps=5,
-        scaling="weak", data="synthetic", num_examples=None, lr=0.01, scale_lr=False, lr_warmup_steps=0,
-        threads=1, sync=True, seed=0, launcher="auto", hosts=None, timeout=300, progress=True, env_extra=None,
-        extra=()):
+def run(nps=(1, 2), settings: RunSettings | None = None, **overrides):
     """Train with Horovod once per worker count; returns a DataFrame (one row per np) with efficiency.
 
-    scaling="weak": batch_size images per rank per step (the work grows with np);
-    scaling="strong": batch_size images per step in total, split over the ranks (fixed work).
-    threads: intra-op threads per rank (default 1: each worker owns a fixed share of the machine, as each
-    GPU or node does). hosts: horovodrun -H entries, e.g. "node1:1,node2:1" (default: this machine, or the
-    Slurm allocation). launcher: "auto" (launch.choose_launcher: mpirun with Open MPI's tuned settings where
-    Horovod has MPI, else Gloo; with progress, one line says which), "gloo", "mpi" or "srun". Each row keeps
-    every rank's result dict in column "ranks" and the controller they ran; `per_rank(df)` unfolds them.
+    settings: a RunSettings (default: its defaults), with any of its fields overridden by keyword, e.g.
+    run([1, 2], batch_size=32, scaling="strong"). Each row keeps every rank's result dict in column "ranks";
+    `per_rank(df)` unfolds them.
     """
     import pandas as pd
-    launches = _launches(np, model=model, batch_size=batch_size, steps=steps, repeats=repeats,
-                         warmup_steps=warmup_steps, scaling=scaling, data=data, num_examples=num_examples, lr=lr,
-                         scale_lr=scale_lr, lr_warmup_steps=lr_warmup_steps, threads=threads, sync=sync,
-                         seed=seed, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
-                         env_extra=env_extra, extra=extra)
-    return efficiency(pd.DataFrame([{**summarize(ranks), "scaling": scaling} for ranks in launches]))
+    s = dataclasses.replace(settings or RunSettings(), **overrides)
+    return efficiency(pd.DataFrame([{**summarize(ranks), "scaling": s.scaling} for ranks in _launches(nps, s)]))
 
 
 def without_exchange(rank: dict) -> dict:
@@ -153,72 +116,32 @@ def without_exchange(rank: dict) -> dict:
             **{k: v for k, v in part.items() if k != "checksums_after_block"}, "sync": False}
 
 
-def run_paired(np=(1, 2), *, model="small_cnn", batch_size=64, steps=20, repeats=3, warmup_steps=5,
-               scaling="weak", data="synthetic", num_examples=None, lr=0.01, scale_lr=False, lr_warmup_steps=0,
-               threads=1, seed=0, launcher="auto", hosts=None, timeout=300, progress=True, env_extra=None,
-               extra=()):
-    """Horovod's exchange and its control timed in the same launch: returns (with_exchange, without), two
-    DataFrames in run()'s format, from ONE launch per worker count (hvd_train --paired).
-
-    Every rank runs, per repeat, one block of `steps` synced steps and one of the same steps without the
-    gradient allreduce, in alternating (ABBA) order, so the ratio of the two is free of what differs from
-    launch to launch (core placement, clock speed). Every synced block starts from rank 0's weights (an
-    untimed broadcast), so the with_exchange checksums (the weights after the last synced block) prove the
-    sync as run()'s do. In `without`, a rank's checksum is that of its weights after its last exchange-free
-    block, before the broadcast undoes that block's drift: the ranks differ there at np > 1 (in_sync False,
-    as in a run(sync=False) launch), the proof that those blocks exchanged nothing. Arguments: run()'s.
-    """
+def run_paired(nps=(1, 2), settings: RunSettings | None = None, **overrides):
+    """(with_exchange, without): run()'s two DataFrames from ONE launch per worker count (hvd_train --paired)."""
     import pandas as pd
-    bad = [a for a in map(str, extra) if a in ("--no-sync", "--barrier", "--paired")]
-    if bad:
-        raise ValueError(f"extra must not hold {bad[0]}: run_paired times the exchange and its control itself")
-    launches = _launches(np, model=model, batch_size=batch_size, steps=steps, repeats=repeats,
-                         warmup_steps=warmup_steps, scaling=scaling, data=data, num_examples=num_examples, lr=lr,
-                         scale_lr=scale_lr, lr_warmup_steps=lr_warmup_steps, threads=threads, sync=True,
-                         seed=seed, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
-                         env_extra=env_extra, extra=(*extra, "--paired"))
+    s = dataclasses.replace(settings or RunSettings(), **overrides)
+    bad = [a for a in map(str, s.extra) if a in ("--no-sync", "--barrier", "--paired")]
+    if bad or not s.sync:
+        raise ValueError(f"{'extra must not hold ' + bad[0] if bad else 'sync must be True'}: run_paired times "
+                         "the exchange and its control itself")
     with_rows, without_rows = [], []
-    for ranks in launches:
-        with_rows.append({**summarize(ranks), "scaling": scaling})
-        without_rows.append({**summarize([without_exchange(r) for r in ranks]), "scaling": scaling})
+    for ranks in _launches(nps, dataclasses.replace(s, extra=(*s.extra, "--paired"))):
+        with_rows.append({**summarize(ranks), "scaling": s.scaling})
+        without_rows.append({**summarize([without_exchange(r) for r in ranks]), "scaling": s.scaling})
     return efficiency(pd.DataFrame(with_rows)), efficiency(pd.DataFrame(without_rows))
 
 
-def _launches(np, *, model, batch_size, steps, repeats, warmup_steps, scaling, data, num_examples, lr, scale_lr,
-              lr_warmup_steps, threads, sync, seed, launcher, hosts, timeout, progress, env_extra, extra):
-    """run()'s checks, then one launch per worker count: a list of each launch's rank results, in np order."""
-    nps = [np] if isinstance(np, int) else list(np)
-    if not nps or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in nps):
-        raise ValueError(f"np must be a positive int or a list of them; got {np!r}")
-    if scaling not in ("weak", "strong"):
-        raise ValueError(f"scaling must be 'weak' or 'strong'; got {scaling!r}")
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"threads must be an int >= 1 (threads per worker); got {threads!r}")
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
-        raise ValueError(f"timeout must be a finite number of seconds > 0; got {timeout!r}")
-    if hosts is not None:
-        for n in nps:
-            take_slots(hosts, n)  # bad entries or too few slots fail here, before any launch
-    check_model(model)
-    bad = [n for n in nps if scaling == "strong" and batch_size % n]
-    if bad:
-        raise ValueError(f"strong scaling splits batch_size={batch_size} over np={bad[0]}: "
-                         f"choose a batch_size divisible by every np")
+def _launches(nps, settings: RunSettings) -> list:
+    """The settings checked, then one launch per worker count: a list of each launch's rank results, in np order."""
+    nps = check_nps(nps)
+    s = settings.check(nps)
     # chosen once for every launch: "auto" is mpirun with Open MPI's tuned settings where Horovod has MPI
-    launcher, settings, note = choose_launcher(launcher, hosts, env_extra=env_extra)
-    if progress:
+    launcher, tuned, note = choose_launcher(s.launcher, s.hosts, env_extra=s.env_extra)
+    if s.progress:
         print(note, flush=True)
-    env_extra = {**settings, **(env_extra or {})}
-    out = []
-    for n in nps:
-        per_rank = batch_size // n if scaling == "strong" else batch_size
-        args = train_args(model=model, batch_size=per_rank, steps=steps, repeats=repeats,
-                          warmup_steps=warmup_steps, data=data, num_examples=num_examples, lr=lr,
-                          scale_lr=scale_lr, lr_warmup_steps=lr_warmup_steps, threads=threads, sync=sync,
-                          seed=seed, extra=extra)
-        out.append(launch(n, args, launcher=launcher, hosts=hosts, timeout=timeout, progress=progress,
-                          env_extra=env_extra, threads=threads))
-    return out
+    env_extra = {**tuned, **(s.env_extra or {})}
+    return [launch(n, s.argv(n), launcher=launcher, hosts=s.hosts, timeout=s.timeout, progress=s.progress,
+                   env_extra=env_extra, threads=s.threads) for n in nps]
 
 
 def per_rank(df):
@@ -378,63 +301,35 @@ def ranks_per_host(hosts, np_: int) -> int:
     return max(int(entry.rpartition(":")[2]) for entry in take_slots(hosts, np_))
 
 
-def _check_args(a) -> None:
-    """Every check that needs no launch, in the order the options are listed; ValueError on the first."""
-    from labkit.base import config
-    config.profile()  # LABKIT_PROFILE must be quick, workshop or full
-    for name in ("batch_size", "steps", "repeats"):
-        if getattr(a, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(a, name)}")
-    if a.warmup_steps < 0:
-        raise ValueError(f"--warmup-steps must be >= 0; got {a.warmup_steps}")
-    if a.threads < 1:
-        raise ValueError(f"--threads must be >= 1 (threads per worker); got {a.threads}")
-    if not 0 < a.timeout < math.inf:
-        raise ValueError(f"--timeout must be a finite number of seconds > 0; got {a.timeout}")
-    if a.hosts is not None:
-        try:
-            for n in a.np:
-                take_slots(a.hosts, n)
-        except ValueError as err:
-            raise ValueError(f"--hosts: {err}") from None
-    if a.json_path:
-        _check_json_path(a.json_path)
-    check_model(a.model, "--model")
-    check_cores(a.np, a.hosts, a.oversubscribe)
-    if a.hosts is not None:
-        problem = launch_problem(a.hosts)
-        if problem:
-            raise ValueError(f"--hosts: {problem}")
-    for n in a.np:  # every launch must fit; under strong scaling a rank's batch shrinks with n
-        per_rank = a.batch_size // n if a.scaling == "strong" else a.batch_size
-        check_memory(a.model, max(1, per_rank), ranks_per_host(a.hosts, n))
+CLI_TIMEOUT = 600  # `labkit scale` waits longer per launch than a notebook's run (RunSettings.timeout)
 
 
-def cli_main(argv=None) -> int:
-    """`labkit scale --np 1,2 [--model M] [--batch-size B] [--steps S] [--hosts H] --json FILE`."""
+def _parser() -> _Parser:
+    """`labkit scale`'s options: one per setting it offers (defaults from RunSettings), then its own."""
+    d = RunSettings()
     p = _Parser(prog="labkit scale",
                 description="Run Horovod data-parallel training once per worker count and report images/s, "
                             "efficiency and each rank's weight checksum. Each worker owns a fixed share of "
                             "the machine (--threads, default 1), as each GPU or node does.")
-    p.add_argument("--np", type=_int_list, default=[1, 2], help="worker counts, e.g. 1,2 (default 1,2)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="small_cnn (default) or a labkit.models name")
-    p.add_argument("--batch-size", type=int, default=64,
+    p.add_argument("--np", dest="nps", type=_int_list, default=[1, 2], help="worker counts, e.g. 1,2 (default 1,2)")
+    p.add_argument("--model", default=d.model, help=f"{d.model} (default) or a labkit.models name")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="images per step: per worker (weak scaling) or in total (strong)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats")
-    p.add_argument("--warmup-steps", type=int, default=5, help="untimed steps before timing")
-    p.add_argument("--scaling", choices=["weak", "strong"], default="weak",
+    p.add_argument("--steps", type=int, default=d.steps, help="timed steps per repeat")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed repeats")
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="untimed steps before timing")
+    p.add_argument("--scaling", choices=SCALINGS, default=d.scaling,
                    help="weak: fixed work per worker (default); strong: fixed work per step, split")
-    p.add_argument("--threads", type=int, default=1,
-                   help="intra-op threads per worker (default 1: each worker owns a fixed share of the "
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help=f"intra-op threads per worker (default {d.threads}: each worker owns a fixed share of the "
                         "machine, as each GPU or node does, so adding workers adds cores)")
-    p.add_argument("--hosts", default=None,
+    p.add_argument("--hosts", default=d.hosts,
                    help="horovodrun -H hosts as name:slots, e.g. node1:1,node2:1 (default: this machine, "
                         "or the nodes of the Slurm allocation)")
-    p.add_argument("--data", choices=["synthetic", "auto", "cifar10"], default="synthetic",
+    p.add_argument("--data", choices=["synthetic", "auto", "cifar10"], default=d.data,
                    help="synthetic (default), auto (CIFAR-10 if on disk, else the offline set) or cifar10")
-    p.add_argument("--launcher", choices=["auto", "gloo", "mpi", "srun"], default="auto")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per launch before everything is killed")
+    p.add_argument("--launcher", choices=LAUNCHERS, default=d.launcher)
+    p.add_argument("--timeout", type=float, default=CLI_TIMEOUT, help="seconds per launch before everything is killed")
     p.add_argument("--paired", action="store_true",
                    help="also time the same steps without the gradient exchange, in alternating blocks of the "
                         "same launch (run_paired): efficiency with and without the exchange, and their ratio")
@@ -442,24 +337,43 @@ def cli_main(argv=None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than this machine has cores (each gets a slice of a core)")
-    a = p.parse_args(argv)
-    try:
-        _check_args(a)
-        note = data_note(a.data)
-    except (ValueError, RuntimeError) as err:
-        p.error(str(err))
-    print(note, flush=True)
+    return p
+
+
+def _settings(a) -> RunSettings:
+    """The RunSettings the options name (the ones `labkit scale` offers; the rest keep their defaults)."""
+    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(RunSettings) if hasattr(a, f.name)}
+    return RunSettings(**given, progress=not a.quiet)
+
+
+def _check_args(a, settings: RunSettings) -> RunSettings:
+    """Every check that needs no launch, the settings' first; the settings checked, or ValueError on the first."""
+    from labkit.base import config
+    config.profile()  # LABKIT_PROFILE must be quick, workshop or full
+    s = settings.check(a.nps, flags=True)
+    if a.json_path:
+        _check_json_path(a.json_path)
+    check_cores(a.nps, s.hosts, a.oversubscribe)
+    if s.hosts is not None:
+        problem = launch_problem(s.hosts)
+        if problem:
+            raise ValueError(f"--hosts: {problem}")
+    for n in a.nps:  # every launch must fit; under strong scaling a rank's batch shrinks with n
+        check_memory(s.model, max(1, s.per_rank_batch(n)), ranks_per_host(s.hosts, n))
+    return s
+
+
+def _measure(a, s: RunSettings):
+    """(with the exchange, without it or None) from run / run_paired, SIGTERM and SIGHUP handled as Ctrl-C;
+    an int (the exit status) when the launch failed or was stopped."""
     handled = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
 
     def terminate(signum, frame):
         raise Terminated(signum)
 
-    previous = {s: signal.signal(s, terminate) for s in handled}
+    previous = {sig: signal.signal(sig, terminate) for sig in handled}
     try:
-        kw = dict(model=a.model, batch_size=a.batch_size, steps=a.steps, repeats=a.repeats,
-                  warmup_steps=a.warmup_steps, scaling=a.scaling, data=a.data, threads=a.threads,
-                  launcher=a.launcher, hosts=a.hosts, timeout=a.timeout, progress=not a.quiet)
-        df, free = run_paired(a.np, **kw) if a.paired else (run(a.np, **kw), None)
+        return run_paired(a.nps, settings=s) if a.paired else (run(a.nps, settings=s), None)
     except Terminated as stop:
         print(f"labkit scale: stopped by signal {stop.args[0]}; every process of the launch was killed",
               file=sys.stderr)
@@ -471,12 +385,16 @@ def cli_main(argv=None) -> int:
         print(f"labkit scale: {err}", file=sys.stderr)
         return 1
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _report(a, s: RunSettings, df, free) -> dict:
+    """Print one line per worker count and return the `--json` document (DESIGN.md's contract)."""
     print(f"the ranks trained on: {df['data'].iloc[0]}")
-    doc = to_json(df, model=a.model, scaling=a.scaling, steps=a.steps, repeats=a.repeats,
-                  warmup_steps=a.warmup_steps, data=str(df["data"].iloc[0]), launcher=a.launcher,
-                  hosts=a.hosts, threads_per_worker=a.threads, paired=a.paired)
+    doc = to_json(df, model=s.model, scaling=s.scaling, steps=s.steps, repeats=s.repeats,
+                  warmup_steps=s.warmup_steps, data=str(df["data"].iloc[0]), launcher=s.launcher,
+                  hosts=s.hosts, threads_per_worker=s.threads, paired=a.paired)
     if free is not None:  # the same launches' exchange-free blocks; their ranks drift apart by design
         doc["without_exchange"] = to_json(free)["runs"]
     for k, r in enumerate(doc["runs"]):
@@ -487,6 +405,23 @@ def cli_main(argv=None) -> int:
             line += (f"; without the exchange {w['images_per_sec']:.1f} +- {w['images_per_sec_std']:.1f} images/s, "
                      f"efficiency {w['efficiency']:.2f}; ratio {r['efficiency'] / w['efficiency']:.2f}")
         print(f"{line}, checksums {'equal' if r['in_sync'] else 'DIFFER'}")
+    return doc
+
+
+def cli_main(argv=None) -> int:
+    """`labkit scale --np 1,2 [--model M] [--batch-size B] [--steps S] [--hosts H] --json FILE`."""
+    p = _parser()
+    a = p.parse_args(argv)
+    try:
+        s = _check_args(a, _settings(a))
+        note = data_note(s.data)
+    except (ValueError, RuntimeError) as err:
+        p.error(str(err))
+    print(note, flush=True)
+    measured = _measure(a, s)
+    if isinstance(measured, int):
+        return measured
+    doc = _report(a, s, *measured)
     if a.json_path:
         from labkit.base import resultsfile
         resultsfile.write_json(a.json_path, doc, indent=2)

@@ -3,3 +3,5 @@
   labkit.widgets.kernels - hand-picked convolution kernels applied to a real image (01_cnn_basics)
   labkit.widgets.scaling - GPUs / model / GPU type / network / overlap -> predicted scaling efficiency (04_horovod_scaling)
 """
+
+__all__ = ["im2col", "kernels", "scaling"]

@@ -104,10 +104,10 @@ def test_set_seed_gives_the_same_initial_weights_in_every_process():
     in every process (04's learning-rate runs started from different weights each time before this)."""
     import subprocess
     import sys
-    prog = ("import labkit, sys\nfrom labkit import models\nfrom labkit.base import config, training\n"
+    prog = ("import labkit, sys\nfrom labkit import models\nfrom labkit.base import config, rankstats\n"
             "config.set_seed(3) if sys.argv[1] == 'all' else __import__('tensorflow').random.set_seed(3)\n"
             "m = models.get('small_cnn', input_shape=(32, 32, 3), classes=10)\n"
-            "print(training.weights_checksum([v.numpy() for v in m.trainable_weights]))")
+            "print(rankstats.weights_checksum([v.numpy() for v in m.trainable_weights]))")
     def weights(how):
         return subprocess.run([sys.executable, "-c", prog, how], capture_output=True, text=True, timeout=120,
                               check=True).stdout.split()[-1]

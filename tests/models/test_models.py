@@ -25,5 +25,5 @@ def test_default_classes_follow_the_model():
 
 @pytest.mark.parametrize("bad", [0, -3, 2.0, True, "10"])
 def test_bad_classes(bad):
-    with pytest.raises(ValueError, match="classes must be a positive int"):
+    with pytest.raises(ValueError, match="classes must be an int >= 1"):
         models.get("sweep_net", classes=bad)

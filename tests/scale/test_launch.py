@@ -448,7 +448,7 @@ def test_core_binding_only_for_two_or_more_ranks_that_fit_this_machine(monkeypat
     assert launch.core_binding(2, 2) == ["--map-by", "slot:PE=2", "--bind-to", "core"]
     monkeypatch.setattr(sys, "platform", "darwin")  # Open MPI cannot bind on macOS
     assert launch.core_binding(2, 1) == unbound
-    with pytest.raises(ValueError, match="threads must be a positive int"):
+    with pytest.raises(ValueError, match="threads must be an int >= 1"):
         launch.core_binding(2, 0)
 
 

@@ -51,7 +51,7 @@ def test_to_json_follows_the_design_contract():
 
 
 def test_run_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="np must be"):
+    with pytest.raises(ValueError, match="nps must be"):
         scaling.run([0])
     with pytest.raises(ValueError, match="scaling must be"):
         scaling.run([1], scaling="diagonal")
