@@ -164,67 +164,74 @@ def explain(np_: int = 2, *, batch_size: int = 64, steps: int = 20, repeats: int
     return pd.DataFrame(rows)
 
 
-def fixed_overhead(steps: int = 300, rounds: int = 3, batch_size: int = 4, model: str | None = None) -> dict:
-    """model.fit's cost per step against a custom loop's, in this process (Horovod of size 1): median
-    microseconds per step, rounds alternated. model=None: a model with almost no work (a 16 -> 2 dense layer),
-    so what remains is the per-step machinery alone: Keras's loop and callbacks (Horovod's three), the metrics,
-    the tf.function call; or a labkit.models name (32x32 images). Wall time per step between consecutive ends,
-    both paths measured the same way."""
-    import time
-
-    import horovod.tensorflow as hvd_tf
-    import horovod.tensorflow.keras as hvd
+def _tiny_run(batch_size: int, model: str | None):
+    """(dataset, make) for fixed_overhead: 4 random batches repeated; make() -> (model, optimizer)."""
     import tensorflow as tf
 
-    from labkit.base import training
-    for name, value, minimum in (("steps", steps, 10), ("rounds", rounds, 1), ("batch_size", batch_size, 1)):
-        _check(name, value, minimum)
-    hvd.init()
+    from labkit import models
     rng = np.random.default_rng(0)
     shape = (4, 4, 1) if model is None else (32, 32, 3)
     x = rng.random((4 * batch_size, *shape), dtype=np.float32)
     y = rng.integers(0, 2, 4 * batch_size).astype(np.int32)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size, drop_remainder=True).repeat()
 
-    def model_and_opt():
-        from labkit import models
+    def make():
         net = tf.keras.Sequential([tf.keras.layers.Input(shape), tf.keras.layers.Flatten(),
                                    tf.keras.layers.Dense(2, activation="softmax")]) if model is None else \
             models.get(model, input_shape=shape, classes=10)
         return net, tf.keras.optimizers.legacy.SGD(learning_rate=0.01, momentum=0.9)
+    return dataset, make
 
-    class Clock(tf.keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.ends = []
 
-        def on_train_batch_end(self, batch, logs=None):
-            self.ends.append(time.perf_counter())
+def _fit_step_s(dataset, make, steps: int, horovod_callbacks: bool, accuracy: bool) -> float:
+    """Median seconds between consecutive batch ends of one model.fit epoch (the first 5 left out)."""
+    import time
 
-    def fit(horovod_callbacks: bool, accuracy: bool) -> float:
-        model, opt = model_and_opt()
-        model.compile(loss="sparse_categorical_crossentropy", optimizer=hvd.DistributedOptimizer(opt),
-                      metrics=["accuracy"] if accuracy else [])
-        clock = Clock()
-        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
-                     hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01, warmup_epochs=1)] \
-            if horovod_callbacks else []
-        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[*callbacks, clock])
-        return float(np.median(np.diff(clock.ends)[5:]))
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
 
-    def custom_loop() -> float:
-        model, opt = model_and_opt()
-        step = training.make_train_step(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(),
-                                        hvd_tf.DistributedGradientTape)
-        it, ends = iter(dataset), []
-        for _ in range(steps):
-            float(step(*next(it)))  # as labkit.scale.hvd_train: the loss read back every step
-            ends.append(time.perf_counter())
-        return float(np.median(np.diff(ends)[5:]))
+    ends = []
+    clock = tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
+    model, opt = make()
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=hvd.DistributedOptimizer(opt),
+                  metrics=["accuracy"] if accuracy else [])
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                 hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01, warmup_epochs=1)] \
+        if horovod_callbacks else []
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[*callbacks, clock])
+    return float(np.median(np.diff(ends)[5:]))
 
-    paths = {"fit, Horovod's callbacks, accuracy": lambda: fit(True, True),
-             "fit, no callbacks, no metric": lambda: fit(False, False),
-             "custom loop": custom_loop}
+
+def _loop_step_s(dataset, make, steps: int) -> float:
+    """The same for labkit's custom loop, the loss read back every step as labkit.scale.hvd_train does."""
+    import time
+
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    from labkit.base import training
+    model, opt = make()
+    step = training.make_train_step(model, opt, tf.keras.losses.SparseCategoricalCrossentropy(),
+                                    hvd_tf.DistributedGradientTape)
+    it, ends = iter(dataset), []
+    for _ in range(steps):
+        float(step(*next(it)))
+        ends.append(time.perf_counter())
+    return float(np.median(np.diff(ends)[5:]))
+
+
+def fixed_overhead(steps: int = 300, rounds: int = 3, batch_size: int = 4, model: str | None = None) -> dict:
+    """Median microseconds per step of model.fit and of a custom loop, in this process (Horovod of size 1), rounds
+    alternated; model=None: a 16 -> 2 dense layer, so what remains is the per-step machinery alone."""
+    import horovod.tensorflow.keras as hvd
+
+    for name, value, minimum in (("steps", steps, 10), ("rounds", rounds, 1), ("batch_size", batch_size, 1)):
+        _check(name, value, minimum)
+    hvd.init()
+    dataset, make = _tiny_run(batch_size, model)
+    paths = {"fit, Horovod's callbacks, accuracy": lambda: _fit_step_s(dataset, make, steps, True, True),
+             "fit, no callbacks, no metric": lambda: _fit_step_s(dataset, make, steps, False, False),
+             "custom loop": lambda: _loop_step_s(dataset, make, steps)}
     times = {name: [] for name in paths}
     for _ in range(rounds):
         for name, run in paths.items():
