@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 STRICT_ENV = "LABKIT_STRICT_OBSERVATIONS"
 LOG_ENV = "LABKIT_OBSERVATIONS_LOG"  # a file: each observation that did not hold is appended to it, one line
@@ -63,8 +64,9 @@ def observation(holds, what: str, here: str = "", reference: str = "", why: str 
     print(line)
     log = os.environ.get(LOG_ENV, "").strip()
     if log:  # scripts/binder_box.py counts them per notebook and machine shape
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        from labkit.base import resultsfile
+        old = Path(log).read_text(encoding="utf-8") if Path(log).is_file() else ""
+        resultsfile.write_text(log, old + line + "\n")
     return None
 
 

@@ -422,11 +422,11 @@ def train(args) -> dict:
         result["no_sync"] = {**_timing(args, run["times"]["no_sync"], comm_tids, network_role),
                              "checksums_after_block": checks, "checksum": checks[-1]}
     if rank == 0 and args.checkpoint_dir:
-        _save_weights(model, Path(args.checkpoint_dir) / "weights.h5")
+        _write_weights_whole(model, Path(args.checkpoint_dir) / "weights.h5")
     return result
 
 
-def _save_weights(model, path: Path) -> None:
+def _write_weights_whole(model, path: Path) -> None:
     from labkit.base import resultsfile
     with resultsfile.replacing_path(path) as tmp:
         model.save_weights(str(tmp))
