@@ -211,7 +211,7 @@ def test_every_mistake_has_a_broken_script():
 @launches
 def test_numbers_in_the_hints(verdicts):
     assert "0.0125" in verdicts["lr_not_scaled"].message and "0.025" in verdicts["lr_not_scaled"].message
-    assert "checkpoint.h5" in verdicts["checkpoint_every_rank"].message
+    assert "checkpoint-01.h5" in verdicts["checkpoint_every_rank"].message
     assert "hvd.init()" in verdicts["not_initialised"].message
 
 
@@ -295,7 +295,7 @@ def test_the_custom_loop_form_stays_in_sync(records):
 def test_sync_rows_of_the_reference(records):
     df = check_hvd.sync_rows(records["correct"])
     assert list(df["rank"]) == [0, 1] and df["checksum_end"].nunique() == 1 and df["loss"].nunique() == 1
-    assert df["checksum_first_step"].nunique() == 1 and df["files_written"].tolist() == [["checkpoint.h5"], []]
+    assert df["checksum_first_step"].nunique() == 1 and df["files_written"].tolist() == [["checkpoint-01.h5"], []]
     # each rank initialised its own weights: without a broadcast (the single-process script) they differ
     assert records["placeholder"][0]["checksum_first_step"] != records["placeholder"][1]["checksum_first_step"]
 
@@ -336,7 +336,7 @@ def test_the_placeholder_runs_alone(tmp_path):
     proc = subprocess.run([sys.executable, str(check_hvd.PLACEHOLDER), "--epochs", "1", "--steps", "2",
                            "--batch-size", "4"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "loss" in proc.stdout and (tmp_path / "checkpoint.h5").is_file()
+    assert "loss" in proc.stdout and (tmp_path / "checkpoint-01.h5").is_file()
 
 
 def test_error_line_is_the_line_that_names_the_cause():
