@@ -11,6 +11,8 @@ import os
 import random
 from pathlib import Path
 
+from labkit.base.checks import check_int
+
 PROFILES = ("quick", "workshop", "full")
 DEFAULT_PROFILE = "workshop"
 
@@ -124,8 +126,7 @@ def set_seed(seed: int = 42, deterministic: bool = False) -> int:
 
     Returns the seed so notebooks can print what produced their numbers.
     """
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int; got {seed!r}")
+    seed = check_int(seed, "seed", minimum=0)
     random.seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)  # for subprocesses this process starts
     import numpy as np

@@ -17,6 +17,8 @@ import platform
 import sys
 from pathlib import Path
 
+from labkit.base.checks import check_int
+
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                    "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -136,12 +138,8 @@ def _usable_cores() -> int:
 
 def default_threads(cores: int | None = None, local_size: int = 1) -> int:
     """Threads per rank: the usable cores split evenly among the `local_size` ranks on this host, never 0. (04_horovod_scaling)"""
-    if local_size is None or isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
-        raise ValueError(f"local_size must be an int >= 1; got {local_size!r}")
-    if cores is None:
-        cores = _usable_cores()
-    elif isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-        raise ValueError(f"cores must be an int >= 1; got {cores!r}")
+    local_size = check_int(local_size, "local_size", minimum=1)
+    cores = _usable_cores() if cores is None else check_int(cores, "cores", minimum=1)
     return max(1, cores // local_size)
 
 
@@ -158,8 +156,7 @@ def limit_threads(threads: int, tensorflow: bool = True) -> None:
     Call before TensorFlow runs its first op (a spawned worker's start-up); afterwards TF's pools are fixed.
     (05_network_sweep)"""
     global _THREADPOOL_LIMITS
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-        raise ValueError(f"threads must be a positive int; got {threads!r}")
+    threads = check_int(threads, "threads", minimum=1)
     for var in THREAD_ENV_VARS:
         os.environ[var] = str(threads)
     try:
@@ -322,9 +319,8 @@ def onednn_kernels(batch_size: int = 2, size: int = 28, channels: int = 128, ker
     "TensorFlow's own (Eigen) kernel". Takes a few seconds (a TensorFlow start-up). (02_im2col)"""
     import subprocess
 
-    for name, value in (("batch_size", batch_size), ("size", size), ("channels", channels), ("kernel", kernel)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    batch_size, size, channels, kernel = (check_int(v, n, minimum=1) for v, n in (
+        (batch_size, "batch_size"), (size, "size"), (channels, "channels"), (kernel, "kernel")))
     env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2")
     code = _KERNEL_PROBE.format(shape=(batch_size, size, channels, kernel))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labkit.base.checks import check_int
+
 
 @dataclass
 class Timing:
@@ -109,9 +111,7 @@ def compare(fns: dict, repeats: int = 5, warmup: int = 1, min_time: float = 0.00
 def gemm_rate(m: int = 2048, k: int = 2048, n: int = 2048, repeats: int = 5, dtype=np.float32,
               clock=time.perf_counter) -> float:
     """This machine's GEMM rate in GFLOP/s: median time of np.matmul on (m x k) @ (k x n). (02_im2col)"""
-    for name, value in (("m", m), ("k", k), ("n", n)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    m, k, n = (check_int(v, name, minimum=1) for v, name in ((m, "m"), (k, "k"), (n, "n")))
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from labkit.base import config, machine
+from labkit.base.checks import check_int
 from labkit import conv
 from labkit.conv.shapes import _check_chunk_size
 from labkit.base.timing import Timing, compare, gemm_rate, load_average, timeit  # noqa: F401  (bench.timeit in 02_im2col)
@@ -296,11 +297,10 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
     if stat not in ("best", "median", "paired"):
         raise ValueError(f"stat must be 'best', 'median' or 'paired'; got {stat!r}")
     methods = _check_methods(methods)
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive int or None; got {threads!r}")
-    for name, value in (("batch_size", batch_size), ("repeats", repeats), ("naive_size", naive_size)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive int or None; got {value!r}")
+    for name, value in (("threads", threads), ("batch_size", batch_size), ("repeats", repeats),
+                        ("naive_size", naive_size)):
+        if value is not None:
+            check_int(value, name, minimum=1)
     import labkit
 
     labkit.quiet()

@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from labkit.base import config
+from labkit.base.checks import check_int
 from labkit.base.pixels import MEAN, STD, normalize  # noqa: F401  (labkit.data is where notebooks look for them)
 from labkit.data.cifar10 import (  # noqa: F401  (re-exported: labkit.data is where notebooks look for them)
     _ARCHIVE_NAMES, CIFAR10_ARCHIVE, CIFAR10_CLASSES, CIFAR10_DIRNAME, CIFAR10_FILES, CIFAR10_MD5, CIFAR10_URL,
@@ -98,9 +99,8 @@ def synthetic(n_train=50000, n_test=10000, seed=0):
     Deterministic: images are generated in chunks of 1000 from (seed, split, chunk), so a smaller set is a
     prefix of a larger one. Classes: SYNTHETIC_CLASSES. (01_cnn_basics)
     """
-    for name, value in (("n_train", n_train), ("n_test", n_test), ("seed", seed)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int; got {value!r}")
+    n_train, n_test, seed = (check_int(v, name, minimum=0) for v, name in (
+        (n_train, "n_train"), (n_test, "n_test"), (seed, "seed")))
 
     def split(n, split_id):
         xs, ys = [], []
@@ -121,9 +121,8 @@ def random_batch(batch_size, image_size=224, classes=1000, seed=0):
     feeds ResNet-50 at 224 px every step, so the timing is the network's, not the input pipeline's.
     (04_horovod_scaling)
     """
-    for name, value in (("batch_size", batch_size), ("image_size", image_size), ("classes", classes)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    batch_size, image_size, classes = (check_int(v, name, minimum=1) for v, name in (
+        (batch_size, "batch_size"), (image_size, "image_size"), (classes, "classes")))
     rng = np.random.default_rng(seed)
     x = rng.random((batch_size, image_size, image_size, 3), dtype=np.float32)
     y = rng.integers(0, classes, batch_size).astype(np.int32)
@@ -151,9 +150,7 @@ def load_dataset(name=None, *, n_train=None, n_test=None, data_dir=None, seed=0,
     d_train, d_test = default_sizes(name)
     n_train = d_train if n_train is None else n_train
     n_test = d_test if n_test is None else n_test
-    for pname, value in (("n_train", n_train), ("n_test", n_test)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{pname} must be a positive int; got {value!r}")
+    n_train, n_test = check_int(n_train, "n_train", minimum=1), check_int(n_test, "n_test", minimum=1)
     if name == "cifar10":
         (x_train, y_train), (x_test, y_test) = load_cifar10(data_dir, download=download)
         source, classes, note = config.shown_path(find_cifar10(data_dir) or "download"), CIFAR10_CLASSES, ""
@@ -211,8 +208,7 @@ def make_dataset(x, y, batch_size, *, shuffle=True, augment=False, seed=0, shard
         raise ValueError(f"x must be uint8 images of shape (N, H, W, C); got {x.dtype} {x.shape}")
     if len(y) != len(x):
         raise ValueError(f"y must have one label per image: {len(x)} images but {len(y)} labels")
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+    batch_size = check_int(batch_size, "batch_size", minimum=1)
     ds = tf.data.Dataset.from_tensor_slices((x, y.astype(np.int32)))
     if shard is not None:
         if (not isinstance(shard, (tuple, list)) or len(shard) != 2

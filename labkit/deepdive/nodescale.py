@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from labkit.base.checks import check_ints
 from labkit.deepdive import vcluster
 
 RESULTS = vcluster.RESULTS.parent / "vcluster_nodes.json"
@@ -25,8 +26,9 @@ def by_nodes(nodes=(2, 3, 4), rates=("1gbit", "50mbit"), model="convblock_net", 
     from labkit.scale import allreduce
     from labkit.base import machine
     nodes = tuple(nodes)
-    if len(nodes) < 2 or any(not isinstance(p, int) or isinstance(p, bool) or p < 2 for p in nodes):
+    if len(nodes) < 2:
         raise ValueError(f"nodes must be two or more node counts >= 2; got {nodes!r}")
+    nodes = tuple(check_ints(nodes, "nodes", minimum=2))
     if vcluster.nodes_up() < max(nodes):
         raise RuntimeError(f"need a virtual cluster of {max(nodes)} nodes: scripts/vcluster.sh up --nodes {max(nodes)}")
     rows = []

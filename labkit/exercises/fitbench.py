@@ -16,21 +16,18 @@ from pathlib import Path
 import numpy as np
 
 from labkit.base import resultsfile  # every file labkit writes, written atomically
+from labkit.base.checks import check_int
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTEROP_THREADS")
 PATHS = ("fit", "custom_loop")
 
-
-def _check(name, value, minimum):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
 
 def _launch_args(np_, batch_size, steps, repeats, warmup_steps, threads, rounds):
     """(the fit script's arguments, hvd_train's path, its arguments): the same run on both paths, checked first."""
     from labkit.scale import scaling
     for name, value in (("np_", np_), ("batch_size", batch_size), ("steps", steps), ("repeats", repeats),
                         ("warmup_steps", warmup_steps), ("rounds", rounds), ("threads", threads)):
-        _check(name, value, 1)
+        check_int(value, name, minimum=1)
     total = warmup_steps + steps * repeats  # steps per rank; keras_hvd divides its --steps by the workers
     fit_args = ["--epochs", "1", "--steps", str(total * np_), "--batch-size", str(batch_size), "--lr", "0.01",
                 "--threads", str(threads)]
@@ -226,7 +223,7 @@ def fixed_overhead(steps: int = 300, rounds: int = 3, batch_size: int = 4, model
     import horovod.tensorflow.keras as hvd
 
     for name, value, minimum in (("steps", steps, 10), ("rounds", rounds, 1), ("batch_size", batch_size, 1)):
-        _check(name, value, minimum)
+        check_int(value, name, minimum=minimum)
     hvd.init()
     dataset, make = _tiny_run(batch_size, model)
     paths = {"fit, Horovod's callbacks, accuracy": lambda: _fit_step_s(dataset, make, steps, True, True),
@@ -275,7 +272,7 @@ def cli_main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         for name in ("np", "batch_size", "steps", "repeats", "warmup_steps", "rounds", "threads"):
-            _check(f"--{name.replace('_', '-')}", getattr(a, name), 1)
+            check_int(getattr(a, name), f"--{name.replace('_', '-')}", minimum=1)
         if a.json_path:
             _check_json_path(a.json_path)
     except ValueError as err:

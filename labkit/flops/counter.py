@@ -45,6 +45,8 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 
+from labkit.base.checks import check_int, check_number
+
 BYTES_PER_VALUE = 4  # float32, as the MATLAB paper's memory footprint
 _OPTIONS = ("count_bias", "count_bn", "count_activations", "count_pooling", "count_elementwise")
 ALL_COSTS = {option: True for option in _OPTIONS}  # count(model, **ALL_COSTS): every rule on
@@ -383,9 +385,8 @@ def count_named(name: str, input_size: int | None = None, classes: int = 1000, *
     """
     from labkit import models
 
-    if input_size is not None and (not isinstance(input_size, int) or isinstance(input_size, bool)
-                                   or input_size < 1):
-        raise ValueError(f"input_size must be a positive int or None; got {input_size!r}")
+    if input_size is not None:
+        input_size = check_int(input_size, "input_size", minimum=1)
     bad = sorted(set(options) - set(_OPTIONS))
     if bad:
         raise TypeError(f"count_named got unknown options {bad}; valid: {', '.join(_OPTIONS)}")
@@ -402,8 +403,7 @@ def count_named(name: str, input_size: int | None = None, classes: int = 1000, *
 # ---------------------------------------------------------------- memory
 def training_state_bytes(report: FlopsReport, optimizer_slots: int = 1) -> int:
     """Weights + gradients + optimizer slots (SGD momentum 1, Adam 2) at 4 bytes per value."""
-    if isinstance(optimizer_slots, bool) or not isinstance(optimizer_slots, int) or optimizer_slots < 0:
-        raise ValueError(f"optimizer_slots must be a non-negative int; got {optimizer_slots!r}")
+    optimizer_slots = check_int(optimizer_slots, "optimizer_slots", minimum=0)
     return report.param_bytes + BYTES_PER_VALUE * report.trainable_params * (1 + optimizer_slots)
 
 
@@ -414,10 +414,8 @@ def max_batch_size(report: FlopsReport, memory_bytes: float, *, training: bool =
     A model-only estimate: framework workspace and fragmentation are what reserve_bytes is for.
     Returns 0 when not even the weights fit.
     """
-    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, (int, float)) or not memory_bytes > 0:
-        raise ValueError(f"memory_bytes must be a positive number; got {memory_bytes!r}")
-    if isinstance(reserve_bytes, bool) or not isinstance(reserve_bytes, (int, float)) or not reserve_bytes >= 0:
-        raise ValueError(f"reserve_bytes must be a number >= 0; got {reserve_bytes!r}")
+    check_number(memory_bytes, "memory_bytes", above=0)
+    check_number(reserve_bytes, "reserve_bytes", minimum=0)
     fixed = training_state_bytes(report, optimizer_slots) if training else report.param_bytes
     per_image = report.activation_bytes(training=training)
     free = memory_bytes - reserve_bytes - fixed
@@ -437,9 +435,7 @@ def memory_table(report: FlopsReport, optimizer_slots: int = 1) -> dict:
 def training_flops(report: FlopsReport, images: int, epochs: int = 1) -> float:
     """FLOPs of training: forward + backward ~ 3 x forward (backward computes gradients for both inputs
     and weights, each as costly as the forward pass), per image, times images x epochs."""
-    for name, value in (("images", images), ("epochs", epochs)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive number; got {value!r}")
+    check_number(images, "images", above=0), check_number(epochs, "epochs", above=0)
     return 3.0 * report.flops * images * epochs
 
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from labkit.base.checks import check_int, check_number
+
 PRECISIONS = ("fp32", "tf32", "fp16")
 _VIEWS = ("InputLayer", "Flatten", "Reshape", "Dropout")  # no data moves at inference
 
@@ -80,8 +82,7 @@ class Link:
 
     def seconds(self, nbytes: float) -> float:
         """Time to move nbytes one way at the link's peak bandwidth (latency left out)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not nbytes >= 0:
-            raise ValueError(f"nbytes must be a number >= 0; got {nbytes!r}")
+        check_number(nbytes, "nbytes", minimum=0)
         return nbytes / (self.gbytes_per_s * 1e9)
 
 
@@ -211,16 +212,16 @@ def _check_measured(measured):
 
 
 def _check_report(report):
-    macs = getattr(report, "macs", None)
-    if isinstance(macs, bool) or not isinstance(macs, (int, float)) or not macs > 0:
-        raise ValueError(f"report must be a labkit.flops report with macs > 0; got {report!r:.60}")
+    try:
+        check_number(getattr(report, "macs", None), "report.macs", above=0)
+    except ValueError:
+        raise ValueError(f"report must be a labkit.flops report with macs > 0; got {report!r:.60}") from None
 
 
 def model_flop_rate(report, images_per_s: float) -> float:
     """Training FLOP/s a model does at images_per_s: 6 x forward MACs per image (2 FLOPs per MAC, 3 x forward)."""
     _check_report(report)
-    if isinstance(images_per_s, bool) or not isinstance(images_per_s, (int, float)) or not 0 < images_per_s < math.inf:
-        raise ValueError(f"images_per_s must be a number > 0; got {images_per_s!r}")
+    check_number(images_per_s, "images_per_s", above=0)
     return 6 * report.macs * images_per_s
 
 
@@ -295,8 +296,7 @@ def interconnect_table():
 
 
 def _check_batch(batch_size):
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+    return check_int(batch_size, "batch_size", minimum=1)
 
 
 def layer_roofline(report, device, batch_size: int = 1, precision: str = "fp32"):
@@ -333,8 +333,7 @@ def estimate(report, device, batch_size: int = 32, precision: str = "fp32", opti
     """
     from labkit import flops as _flops
 
-    if isinstance(optimizer_slots, bool) or not isinstance(optimizer_slots, int) or optimizer_slots < 0:
-        raise ValueError(f"optimizer_slots must be a non-negative int; got {optimizer_slots!r}")
+    optimizer_slots = check_int(optimizer_slots, "optimizer_slots", minimum=0)
     device = get_device(device)
     table = layer_roofline(report, device, batch_size, precision)
     forward = float(table["time_s"].sum())

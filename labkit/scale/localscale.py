@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from labkit.base import resultsfile
-from labkit.base.checks import check_int
+from labkit.base.checks import check_int, check_ints
 from labkit.scale import scaling
 
 # controller_cost's committed measurement (04 and 07 show it where Horovod has no MPI or the profile is quick)
@@ -35,9 +35,7 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     from labkit.scale import probe
     if workers is None:
         workers = plans.scaling_workers()  # two at least: one exchange to measure
-    workers = [workers] if isinstance(workers, int) else list(workers)
-    if not workers or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in workers):
-        raise ValueError(f"workers must be a positive int or a list of them; got {workers!r}")
+    workers = check_ints([workers] if isinstance(workers, int) else workers, "workers", minimum=1)
     if run_kw.get("threads", 1) != 1:
         raise ValueError(f"threads must be 1 here (each worker owns one core); got {run_kw['threads']!r}")
     run_kw = {**run_kw, "threads": 1}

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from labkit.base import config, machine
+from labkit.base.checks import check_int, check_number
 from labkit import sweep
 from labkit.sweep.runner import pareto_front  # noqa: F401  (the front is the runner's; re-exported for the notebook)
 
@@ -50,9 +51,7 @@ def matlab_param_count(cfg: dict, input_shape=(32, 32, 3), classes: int = 10, in
     zero-centring mean image (prod(InputSize) values); include_mean_image=True adds it. (05_network_sweep)
     """
     for name in ("filters", "filter_size", "pool_size"):
-        value = cfg.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
+        check_int(cfg.get(name), name, minimum=1)
     h, w, c = input_shape
     f, k, p = cfg["filters"], cfg["filter_size"], cfg["pool_size"]
     params = (k * k * c + 1) * f
@@ -183,15 +182,10 @@ class NetworkTrainer:
             value = getattr(self, name)
             if value is None and name in ("train_size", "test_size"):
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be positive; got {self.lr!r}")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a fraction in [0, 1); got {self.dropout!r}")
-        if not isinstance(self.warmup_epochs, int) or isinstance(self.warmup_epochs, bool) or not (
-                0 <= self.warmup_epochs < self.epochs):
-            raise ValueError(f"warmup_epochs must be an int in [0, epochs); got {self.warmup_epochs!r}")
+            check_int(value, name, minimum=1)
+        check_number(self.lr, "lr", above=0)
+        check_number(self.dropout, "dropout", minimum=0, below=1)
+        check_int(self.warmup_epochs, "warmup_epochs", minimum=0, maximum=self.epochs - 1)
         if not isinstance(self.augment, bool):
             raise ValueError(f"augment must be True or False; got {self.augment!r}")
 

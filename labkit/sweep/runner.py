@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from labkit.base import machine
-from labkit.base.checks import check_int
+from labkit.base.checks import check_int, check_ints
 from labkit.base.resultsfile import locked
 from labkit.sweep.store import (ResultsNotSaved, check_writable, load_results, merge_records, records_dataframe,
                                 settings_mismatch, write_results)
@@ -355,11 +355,8 @@ def measure_speedup(configs, train_fn, workers=(1, 2), out_dir=None, threads_per
 
     import pandas as pd
 
-    workers = list(workers)
-    if not workers or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in workers):
-        raise ValueError(f"workers must be positive ints; got {workers!r}")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int; got {repeats!r}")
+    workers = check_ints(workers, "workers", minimum=1)
+    repeats = check_int(repeats, "repeats", minimum=1)
     runs = {k: [] for k in workers}
     with tempfile.TemporaryDirectory(prefix="labkit-speedup-") as tmp:
         base = Path(out_dir) if out_dir is not None else Path(tmp)

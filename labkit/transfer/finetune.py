@@ -10,7 +10,6 @@ other five; imagenet_base() loads keras.applications weights when they are stage
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from labkit.base import config
+from labkit.base.checks import check_int, check_number
 
 STRATEGIES = ("frozen", "finetune", "scratch")
 STRATEGY_LABELS = {"frozen": "(a) frozen base + new head", "finetune": "(b) fine-tune all, head LR x10/x20",
@@ -42,9 +42,7 @@ def _weight_key(variable) -> str:
 
 
 def _check_factor(where, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"learning-rate factor for {where} must be a finite number >= 0; got {value!r}")
-    return float(value)
+    return check_number(value, f"learning-rate factor for {where}", minimum=0)
 
 
 def variable_factors(model, factors: dict) -> dict:
@@ -181,8 +179,7 @@ def copy_model(model):
 
 def transfer_model(base, classes: int, *, freeze_base: bool = False, head_name: str = HEAD):
     """Copy of `base` without its classifier, plus a new softmax Dense(classes) head named head_name."""
-    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
-        raise ValueError(f"classes must be a positive int; got {classes!r}")
+    classes = check_int(classes, "classes", minimum=1)
     features = feature_extractor(copy_model(base))
     x = features.output
     if len(x.shape) > 2:
@@ -206,8 +203,7 @@ def split_classes(x, y, classes):
 
 def per_class_subset(x, y, n_per_class: int, seed: int = 0):
     """The first n_per_class images of each class after a fixed shuffle (balanced small target sets)."""
-    if not isinstance(n_per_class, int) or isinstance(n_per_class, bool) or n_per_class < 1:
-        raise ValueError(f"n_per_class must be a positive int; got {n_per_class!r}")
+    n_per_class = check_int(n_per_class, "n_per_class", minimum=1)
     order = np.random.default_rng(seed).permutation(len(y))
     picks = np.concatenate([order[y[order] == c][:n_per_class] for c in np.unique(y)])
     picks.sort()
@@ -271,9 +267,7 @@ def make_strategy(strategy: str, base, classes: int, *, lr: float = 0.01, transf
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
-    for name, value in (("lr", lr), ("transfer_lr_drop", transfer_lr_drop)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+    check_number(lr, "lr", above=0), check_number(transfer_lr_drop, "transfer_lr_drop", above=0)
     if head_factors is not None and not isinstance(head_factors, dict):
         raise ValueError(f"head_factors must be a dict {{'kernel': f, 'bias': f}}; got {head_factors!r}")
     head_factors = dict(HEAD_LR_FACTORS if head_factors is None else head_factors)

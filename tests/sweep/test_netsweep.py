@@ -37,7 +37,7 @@ def test_paper_formula_matches_keras_models():
 @pytest.mark.parametrize("name", ["filters", "filter_size", "pool_size"])
 def test_paper_formula_rejects_sizes_below_one(name):
     cfg = {"filters": 20, "filter_size": 5, "pool_size": 3, "extra_conv": False, name: 0}
-    with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
+    with pytest.raises(ValueError, match=f"^{name} must be an int >= 1"):
         netsweep.matlab_param_count(cfg)
     with pytest.raises(ValueError, match="pool_size"):
         netsweep.matlab_param_count({**cfg, name: 5, "pool_size": 40})  # no feature map left
@@ -46,7 +46,7 @@ def test_paper_formula_rejects_sizes_below_one(name):
 @pytest.mark.parametrize("field, value", [("epochs", 0), ("train_size", 0), ("test_size", -1), ("batch_size", 0),
                                           ("epochs", 1.5)])
 def test_trainer_rejects_bad_settings_before_any_compute(field, value):
-    with pytest.raises(ValueError, match=f"^{field} must be a positive int"):
+    with pytest.raises(ValueError, match=f"^{field} must be an int >= 1"):
         netsweep.NetworkTrainer(**{field: value})
 
 
