@@ -13,3 +13,7 @@
 
 Sits above the lessons: its checkers call conv, flops, scale, sweep and transfer for the reference answers.
 """
+
+# the library modules; hvd_harness is run by the ranks, not imported
+__all__ = ["build", "check", "check_code", "check_code_models", "check_hvd", "fitbench", "hvd_record", "schedule",
+           "verdict"]
