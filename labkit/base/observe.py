@@ -23,6 +23,9 @@ LOG_ENV = "LABKIT_OBSERVATIONS_LOG"  # a file: each observation that did not hol
 # the machine the committed outputs and the prose come from
 REFERENCE = "2 cores, 24 GB, no GPU, idle"
 BUSY_SHARE = 0.75  # load average per usable core above which timings are called noisy
+# why an accuracy from a short training run differs between machines (01, 06: the workshop sizes)
+SHORT_TRAINING = ("a short training run lands a few points apart on another CPU or thread count (its "
+                  "floating-point sums run in another order); longer training settles it")
 
 
 def strict() -> bool:

@@ -3,14 +3,17 @@ blindly. (04_horovod_scaling, 05_network_sweep, 07_scaling_deep_dive; `labkit pl
 
     from labkit.base import plans
     plans.scaling_workers()           # 04's worker counts here, e.g. [1, 2] on 2 cores, [1, 2, 8] on 64
+    plans.batch_size()                # 04's and 07's images per worker per step: 64 (128 in full), less if memory is short
     print(plans.describe())           # every notebook's launches: workers, processes, peak memory, minutes
 
 Rules: worker counts are log-spaced (1, 2, 4, 8, ...); the quick and workshop profiles make a handful of
 launches (04: at most 3 worker counts, 6 launches, 8 workers) on any machine; the full profile goes up to the
 whole node, minus the cores other programs keep busy (the load average); no plan needs more memory than the
-machine has (machine.memory_available(); LABKIT_MEMORY overrides); on 1 core the lessons that need two
-workers run two that share it, and the parallel sweep runs one. Memory and minutes are estimates from the
-reference machine (2 cores): a TensorFlow worker takes ~400 MiB and ~10 s of CPU to start.
+machine has (machine.memory_available(); LABKIT_MEMORY overrides): worker counts are capped at the profile's
+batch, then the batch is halved (to 16 at least) until the largest count fits; on 1 core the lessons that need
+two workers run two that share it, and the parallel sweep runs one. Memory and minutes are estimates from the
+reference machine (2 cores): a TensorFlow worker takes ~400 MiB and ~10 s of CPU to start, plus twice its
+batch's activations (labkit.flops' count; the backward pass keeps them and their gradients).
 """
 from __future__ import annotations
 
@@ -19,7 +22,13 @@ from dataclasses import asdict, dataclass
 
 MiB = 2**20
 KERNEL_BYTES = 600 * MiB  # the notebook's own kernel with TensorFlow loaded
-WORKER_BYTES = {"small_cnn": 400 * MiB, "convblock_net": 600 * MiB}  # one training worker (Horovod rank)
+TF_WORKER_BYTES = 400 * MiB  # one training worker (Horovod rank): TensorFlow and its model, before its batch
+# activations kept per 32x32x3 image for the backward pass: labkit.flops' count (03_flops; tests hold them to it)
+IMAGE_BYTES = {"small_cnn": 135_208, "convblock_net": 2_814_504}
+BACKWARD = 2  # the backward pass holds the activations and their gradients
+BATCH = {"quick": 64, "workshop": 64, "full": 128}  # 04's and 07's images per worker per step, memory allowing
+SMOKE_BATCH, MIN_BATCH = 16, 16
+ROUNDS = {"quick": 0, "workshop": 2, "full": 3}  # 04's and 07's Gloo vs MPI rounds (CONTROLLER_ROUNDS there)
 SWEEP_WORKER_BYTES = 650 * MiB  # one of 05's sweep workers (a TensorFlow process with its data)
 PROBE_BYTES = 60 * MiB  # one single-thread numpy GEMM process (labkit.scale.probe)
 START_CPU_S = 10.0  # CPU seconds for a TensorFlow worker to import and build its model
@@ -32,17 +41,20 @@ SWEEP_CPU_S = {"quick": 8.0, "workshop": 8.0, "full": 50.0}  # 05's timed networ
 
 @dataclass(frozen=True)
 class Machine:
-    """What a plan is made for: usable cores, bytes free for new processes, 1-minute load average."""
+    """What a plan is made for: usable cores, bytes free for new processes, 1-minute load average, and whether
+    that load was read from the host (False where LABKIT_CORES names the cores free for labkit)."""
 
     cores: int
     memory: int
     load: float = 0.0
+    load_counted: bool = True
 
 
 @dataclass(frozen=True)
 class Experiment:
     """One experiment's launches: worker counts (one group of launches each), how many launches, the most
-    processes at once, the peak memory estimate (bytes, the kernel included) and a minutes estimate."""
+    processes at once, the peak memory estimate (bytes, the kernel included), a minutes estimate and the
+    batch per worker where the plan sets it."""
 
     notebook: str
     name: str
@@ -52,6 +64,7 @@ class Experiment:
     peak_bytes: int
     minutes: float
     note: str = ""
+    batch: int = 0  # images per worker per step (0: the experiment's own, not planned here)
 
 
 def here() -> Machine:
@@ -60,8 +73,9 @@ def here() -> Machine:
     import os
 
     from labkit.base import machine, timing
-    load = 0.0 if os.environ.get(machine.CORES_ENV, "").strip() else timing.load_average()
-    return Machine(machine.cores(), machine.memory_available(), load if math.isfinite(load) else 0.0)
+    named = bool(os.environ.get(machine.CORES_ENV, "").strip())
+    load = 0.0 if named else timing.load_average()
+    return Machine(machine.cores(), machine.memory_available(), load if math.isfinite(load) else 0.0, not named)
 
 
 def _check(m: Machine, profile: str) -> None:
@@ -92,18 +106,36 @@ def _memory_cap(m: Machine, per_worker: int, extra: int = 0) -> int:
     return max(1, (m.memory - KERNEL_BYTES - extra) // per_worker)
 
 
+def worker_bytes(model: str, batch: int) -> int:
+    """One training worker's memory estimate: TensorFlow and the model, plus its batch's activations twice."""
+    return TF_WORKER_BYTES + BACKWARD * batch * IMAGE_BYTES[model]
+
+
 def scaling_workers(profile: str | None = None, m: Machine | None = None) -> list:
     """04's worker counts (GEMM probe processes and training workers, one thread each) for this machine."""
     from labkit.base import config
     profile, m = profile or config.profile(), m or here()
     _check(m, profile)
-    limit = min(free_cores(m, profile), _memory_cap(m, WORKER_BYTES[MODEL[profile]]))
+    limit = min(free_cores(m, profile), _memory_cap(m, worker_bytes(MODEL[profile], BATCH[profile])))
     if profile == "full":
         return log_spaced(max(limit, 2))
     if profile == "quick":
         return [1, 2]
     top = min(limit, WORKSHOP_MAX_WORKERS)
     return sorted({1, 2, top})[:WORKSHOP_MAX_COUNTS]  # two at least: the exchange is the lesson
+
+
+def batch_size(profile: str | None = None, m: Machine | None = None, workers: int | None = None) -> int:
+    """04's and 07's images per worker per step: the profile's (16 at smoke scale), halved down to MIN_BATCH
+    while `workers` of them (default: the largest of scaling_workers) would not fit in m's memory."""
+    from labkit.base import config
+    profile, m = profile or config.profile(), m or here()
+    _check(m, profile)
+    batch = config.by_profile(**BATCH, smoke=SMOKE_BATCH, name=profile)
+    workers = max(scaling_workers(profile, m)) if workers is None else workers
+    while batch > MIN_BATCH and KERNEL_BYTES + workers * worker_bytes(MODEL[profile], batch) > m.memory:
+        batch //= 2
+    return batch
 
 
 def sweep_workers(profile: str | None = None, m: Machine | None = None) -> list:
@@ -131,38 +163,52 @@ def _launch_s(workers: int, m: Machine, profile: str, work_s: float) -> float:
     return (START_CPU_S + work_s) * _slowdown(workers, m)
 
 
+def _shared(m: Machine) -> str:
+    return "2 workers share 1 core: no speed-up here" if m.cores == 1 else ""
+
+
+def _im2col(profile: str, m: Machine) -> list:
+    return [Experiment("02_im2col", "im2col timings and the chunk sweep (in the kernel)", (1,), 0, 1,
+                       KERNEL_BYTES + 300 * MiB, {"quick": 0.3, "workshop": 0.5, "full": 2.0}[profile] * _slowdown(m.cores, m),
+                       f"BLAS on {m.cores} thread{'s' * (m.cores > 1)}")]
+
+
+def _scaling(profile: str, m: Machine) -> list:
+    """04: the GEMM probe and training per worker count, then the 2-worker sync run and Gloo vs MPI rounds."""
+    counts, work = scaling_workers(profile, m), 2 * TRAIN_CPU_S[profile]
+    batch = batch_size(profile, m, max(counts))  # one batch for every launch of the notebook
+    worker = worker_bytes(MODEL[profile], batch)
+    pairs = 1 + 2 * ROUNDS[profile]
+    return [Experiment("04_horovod_scaling", "where the time goes: GEMM probe + training, per worker count",
+                       tuple(counts), 2 * len(counts), max(counts), KERNEL_BYTES + max(counts) * worker,
+                       sum(2.0 + _launch_s(n, m, profile, work) for n in counts) / 60, _shared(m), batch),
+            Experiment("04_horovod_scaling", "sync run + Gloo vs tuned MPI", (2,), pairs, 2,
+                       KERNEL_BYTES + 2 * worker, pairs * _launch_s(2, m, profile, work) / 60, _shared(m), batch)]
+
+
+def _sweep(profile: str, m: Machine) -> list:
+    sweep, repeats = sweep_workers(profile, m), {"quick": 1, "workshop": 2, "full": 3}[profile]
+    return [Experiment("05_network_sweep", "parallel sweep workers", tuple(sweep), len(sweep) * repeats,
+                       max(sweep), KERNEL_BYTES + max(sweep) * SWEEP_WORKER_BYTES,
+                       sum(repeats * _launch_s(n, m, profile, SWEEP_CPU_S[profile] / n) for n in sweep) / 60,
+                       "one core: the sweep runs one worker" if m.cores == 1 else "")]
+
+
+def _deep_dive(profile: str, m: Machine) -> list:
+    """07: every launch has 1 or 2 workers (exchange cost, controllers, the variants)."""
+    launches = 2 if profile == "quick" else 2 * 3 + 4 * ROUNDS[profile] + 4
+    batch = batch_size(profile, m, 2)
+    return [Experiment("07_scaling_deep_dive", "exchange cost, controllers, variants (2 workers)", (1, 2), launches, 2,
+                       KERNEL_BYTES + 2 * worker_bytes(MODEL[profile], batch),
+                       launches * _launch_s(2, m, profile, 2 * TRAIN_CPU_S[profile]) / 60, _shared(m), batch)]
+
+
 def experiments(profile: str | None = None, m: Machine | None = None) -> list:
     """Every measuring notebook's experiments on machine m (default: here) in the profile (default: current)."""
     from labkit.base import config
     profile, m = profile or config.profile(), m or here()
     _check(m, profile)
-    worker = WORKER_BYTES[MODEL[profile]]
-    work = TRAIN_CPU_S[profile]
-    counts = scaling_workers(profile, m)
-    shared = " (2 workers share 1 core: no speed-up here)" if m.cores == 1 else ""
-    rounds = {"quick": 0, "workshop": 2, "full": 3}[profile]
-    out = [Experiment("02_im2col", "im2col timings and the chunk sweep (in the kernel)", (1,), 0, 1,
-                      KERNEL_BYTES + 300 * MiB,
-                      {"quick": 0.3, "workshop": 0.5, "full": 2.0}[profile] * _slowdown(m.cores, m),
-                      f"BLAS on {m.cores} thread{'s' * (m.cores > 1)}"),
-           Experiment("04_horovod_scaling", "where the time goes: GEMM probe + training, per worker count",
-                      tuple(counts), 2 * len(counts), max(counts),
-                      KERNEL_BYTES + max(counts) * worker,
-                      sum(2.0 + _launch_s(n, m, profile, 2 * work) for n in counts) / 60, shared.strip()),
-           Experiment("04_horovod_scaling", "sync run + Gloo vs tuned MPI", (2,), 1 + 2 * rounds, 2,
-                      KERNEL_BYTES + 2 * worker, (1 + 2 * rounds) * _launch_s(2, m, profile, 2 * work) / 60,
-                      shared.strip())]
-    sweep = sweep_workers(profile, m)
-    repeats = {"quick": 1, "workshop": 2, "full": 3}[profile]
-    out.append(Experiment("05_network_sweep", "parallel sweep workers", tuple(sweep), len(sweep) * repeats,
-                          max(sweep), KERNEL_BYTES + max(sweep) * SWEEP_WORKER_BYTES,
-                          sum(repeats * _launch_s(n, m, profile, SWEEP_CPU_S[profile] / n) for n in sweep) / 60,
-                          "one core: the sweep runs one worker" if m.cores == 1 else ""))
-    exchange = {"quick": 2, "workshop": 2 * 3 + 4 * rounds + 4, "full": 2 * 3 + 4 * rounds + 4}[profile]
-    out.append(Experiment("07_scaling_deep_dive", "exchange cost, controllers, variants (2 workers)", (1, 2),
-                          exchange, 2, KERNEL_BYTES + 2 * worker,
-                          exchange * _launch_s(2, m, profile, 2 * work) / 60, shared.strip()))
-    return out
+    return _im2col(profile, m) + _scaling(profile, m) + _sweep(profile, m) + _deep_dive(profile, m)
 
 
 def fits(plan: list, m: Machine) -> bool:
@@ -170,16 +216,28 @@ def fits(plan: list, m: Machine) -> bool:
     return all(e.peak_bytes <= m.memory for e in plan)
 
 
+def _header(profile: str, m: Machine) -> str:
+    import os
+
+    from labkit.base import machine
+    memory = " (LABKIT_MEMORY)" if os.environ.get(machine.MEMORY_ENV, "").strip() else ""
+    load = (f"load average {m.load:.2f}" if m.load_counted else
+            "host load not counted (LABKIT_CORES names the cores free for labkit)")
+    return f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free{memory}, {load}"
+
+
 def describe(profile: str | None = None, m: Machine | None = None) -> str:
     """A table of the launches each notebook would make on machine m (default: here)."""
     from labkit.base import config
     profile, m = profile or config.profile(), m or here()
-    lines = [f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free, load average {m.load:.2f}",
-             f"{'notebook':<22} {'experiment':<60} {'workers':<18} {'launches':>8} {'peak MiB':>9} {'minutes':>8}"]
-    for e in experiments(profile, m):
-        lines.append(f"{e.notebook:<22} {e.name:<60} {','.join(map(str, e.workers)):<18} {e.launches:>8} "
-                     f"{e.peak_bytes / MiB:>9,.0f} {e.minutes:>8.1f}" + (f"  {e.note}" if e.note else ""))
-    if not fits(experiments(profile, m), m):
+    plan = experiments(profile, m)
+    lines = [_header(profile, m),
+             f"{'notebook':<22} {'experiment':<60} {'workers':<18} {'batch':>5} {'launches':>8} {'peak MiB':>9} "
+             f"{'minutes':>8}"]
+    for e in plan:
+        lines.append(f"{e.notebook:<22} {e.name:<60} {','.join(map(str, e.workers)):<18} {e.batch or '-':>5} "
+                     f"{e.launches:>8} {e.peak_bytes / MiB:>9,.0f} {e.minutes:>8.1f}" + (f"  {e.note}" if e.note else ""))
+    if not fits(plan, m):
         lines.append("warning: an experiment's peak memory estimate exceeds the free memory")
     return "\n".join(lines)
 

@@ -53,9 +53,9 @@ def test_full_profile_scales_to_the_node():
     big = Machine(128, 256 * GiB)
     assert plans.scaling_workers("full", big) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert plans.sweep_workers("full", big)[-1] == 129  # one past the cores: the curve flattens
-    # memory caps it: 8 GiB hold (8 GiB - kernel) // one convblock_net worker's estimate
-    cap = (8 * GiB - plans.KERNEL_BYTES) // plans.WORKER_BYTES["convblock_net"]
-    assert plans.scaling_workers("full", Machine(128, 8 * GiB))[-1] == cap == 12
+    # memory caps it: a convblock_net worker at batch 128 is 400 MiB + 2 x 128 x 2.81 MB = 1087 MiB, and
+    # (8192 - 600) MiB hold 6 of them
+    assert plans.scaling_workers("full", Machine(128, 8 * GiB))[-1] == 6
 
 
 def test_full_profile_leaves_the_loaded_cores_to_others():
@@ -88,9 +88,12 @@ def test_labkit_plan_on_a_64_core_node(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "64 usable cores, 16.0 GiB free" in out
     row = next(line for line in out.splitlines() if line.startswith("04_horovod_scaling") and "per worker" in line)
-    assert row.split()[-4:-2] == ["1,2,8", "6"], row
+    assert row.split()[-5:-2] == ["1,2,8", "64", "6"], row
+    assert "host load not counted" in out and "load average" not in out  # LABKIT_CORES names the free cores
     assert cli.main(["plan", "--profile", "full"]) == 0
-    assert "1,2,4,8,16,26" in capsys.readouterr().out  # (16 GiB - kernel) // 600 MiB workers
+    full = capsys.readouterr().out
+    row = next(line for line in full.splitlines() if line.startswith("04_horovod_scaling") and "per worker" in line)
+    assert row.split()[-5:-3] == ["1,2,4,8,14", "128"], row  # (16384 - 600) MiB // 1087 MiB workers at batch 128
 
 
 def test_decompose_plans_by_default(monkeypatch):
@@ -125,3 +128,34 @@ def test_minutes_grow_with_the_load_and_with_workers_sharing_a_core():
     sync = [e for e in one + two if e.name.startswith("sync run")]
     # two workers on one core take twice the time of two workers on two (the start-up included)
     assert sync[0].minutes == pytest.approx(2 * sync[1].minutes)
+
+
+def test_labkit_plan_says_the_host_load_it_read(monkeypatch, capsys):
+    monkeypatch.delenv("LABKIT_CORES", raising=False)
+    assert cli.main(["plan"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "load average" in head and "not counted" not in head, head
+
+
+@pytest.mark.parametrize("profile, m, batch", [
+    ("workshop", Machine(2, 2 * GiB), 64), ("quick", Machine(1, 2 * GiB), 64), ("workshop", Machine(64, 16 * GiB), 64),
+    ("full", Machine(128, 256 * GiB), 128), ("full", Machine(2, 24 * GiB), 128),
+    # 1 core, 2 GiB, two convblock_net workers: 600 + 2 x (400 + 2 x b x 2.68) MiB <= 2048 MiB holds b <= 60
+    ("full", Machine(1, 2 * GiB), 32),
+    ("full", Machine(2, GiB), 16)])  # nothing fits: the batch stops at 16, and the plan warns
+def test_batch_is_the_profiles_halved_only_where_memory_is_short(profile, m, batch):
+    assert plans.batch_size(profile, m) == batch
+    assert all(e.batch in (0, batch) for e in plans.experiments(profile, m) if e.notebook.startswith("04"))
+
+
+def test_batch_at_smoke_scale(monkeypatch):
+    monkeypatch.setenv("LABKIT_SMOKE", "1")
+    assert plans.batch_size("full", Machine(2, 24 * GiB)) == 16
+
+
+def test_a_worker_holds_twice_the_activations_labkit_flops_counts():
+    """IMAGE_BYTES (kept so that `labkit plan` does not load TensorFlow) against labkit.flops' count of each model."""
+    from labkit.scale import scaling
+    for model, per_image in plans.IMAGE_BYTES.items():
+        assert scaling.training_bytes(model)[0] == per_image, model
+    assert plans.worker_bytes("convblock_net", 128) == 400 * 2**20 + 2 * 128 * 2_814_504
