@@ -5,6 +5,7 @@ blindly. (04_horovod_scaling, 05_network_sweep, 07_scaling_deep_dive; `labkit pl
     plans.scaling_workers()           # 04's worker counts here, e.g. [1, 2] on 2 cores, [1, 2, 8] on 64
     plans.batch_size()                # 04's and 07's images per worker per step: 64 (128 in full), less if memory is short
     print(plans.describe())           # every notebook's launches: workers, processes, peak memory, minutes
+    plans.say_if_short("05_network_sweep")  # one line when its largest run would not fit in the free memory
 
 Rules: worker counts are log-spaced (1, 2, 4, 8, ...); the quick and workshop profiles make a handful of
 launches (04: at most 3 worker counts, 6 launches, 8 workers) on any machine; the full profile goes up to the
@@ -214,6 +215,34 @@ def experiments(profile: str | None = None, m: Machine | None = None) -> list:
 def fits(plan: list, m: Machine) -> bool:
     """True when every experiment's peak memory estimate fits in m.memory."""
     return all(e.peak_bytes <= m.memory for e in plan)
+
+
+def memory_line(notebook: str, profile: str | None = None, m: Machine | None = None, running: int = 0) -> str:
+    """One line, before any launch, when the notebook's largest run is estimated above the memory free here
+    (such a run would be stopped for lack of memory); '' when it fits or the notebook launches nothing planned.
+    running: bytes of the estimate already in use and outside m.memory (the notebook's own kernel, once started)."""
+    from labkit.base import config
+    profile, m = profile or config.profile(), m or here()
+    peak = max((e.peak_bytes for e in experiments(profile, m) if e.notebook == notebook), default=0)
+    if peak - running <= m.memory:
+        return ""
+    return (f"This machine has {m.memory / 2**30:.1f} GiB of memory free and this notebook's largest run is estimated "
+            f"to need {(peak - running) / 2**30:.1f} GiB{' beyond its kernel' if running else ''} (`labkit plan` lists "
+            "each run): shut down other notebooks' kernels and close other programs first, or the run may be stopped "
+            "for lack of memory.")
+
+
+def say_if_short(notebook: str) -> None:
+    """Print memory_line(notebook) from the notebook's kernel (a measuring notebook's first cell) when memory is
+    short; nothing otherwise."""
+    import os
+
+    from labkit.base import machine
+    # a cgroup's limit and LABKIT_MEMORY count the kernel in; the system's free memory has it out already
+    counted = machine.cgroup_memory_limit() is not None or bool(os.environ.get(machine.MEMORY_ENV, "").strip())
+    line = memory_line(notebook, running=0 if counted else KERNEL_BYTES)
+    if line:
+        print(line)
 
 
 def _header(profile: str, m: Machine) -> str:

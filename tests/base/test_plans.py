@@ -159,3 +159,24 @@ def test_a_worker_holds_twice_the_activations_labkit_flops_counts():
     for model, per_image in plans.IMAGE_BYTES.items():
         assert scaling.training_bytes(model)[0] == per_image, model
     assert plans.worker_bytes("convblock_net", 128) == 400 * 2**20 + 2 * 128 * 2_814_504
+
+
+def test_a_run_that_would_not_fit_is_said_before_it_starts():
+    # 1 core, 1 GiB: 05's one sweep worker (650 MiB) beside the kernel (600 MiB) needs 1.2 GiB
+    line = plans.memory_line("05_network_sweep", "workshop", Machine(1, GiB))
+    assert "1.0 GiB of memory free" in line and "estimated to need 1.2 GiB (" in line, line
+    assert plans.memory_line("05_network_sweep", "workshop", Machine(2, 2 * GiB)) == ""  # Binder's box holds it
+    # from a running kernel outside a cgroup the free memory has the kernel out already: 650 MiB fit in 1 GiB
+    assert plans.memory_line("05_network_sweep", "workshop", Machine(1, GiB), running=plans.KERNEL_BYTES) == ""
+    assert plans.memory_line("03_flops", "workshop", Machine(1, 1)) == ""  # launches nothing planned
+
+
+def test_say_if_short_counts_the_kernel_in_labkit_memory(monkeypatch, capsys):
+    monkeypatch.setenv("LABKIT_CORES", "1")
+    monkeypatch.setenv("LABKIT_MEMORY", "1G")  # the whole machine's memory, the kernel's included
+    monkeypatch.setenv("LABKIT_PROFILE", "workshop")
+    plans.say_if_short("05_network_sweep")
+    assert "estimated to need 1.2 GiB (" in capsys.readouterr().out
+    monkeypatch.setenv("LABKIT_MEMORY", "4G")
+    plans.say_if_short("05_network_sweep")
+    assert capsys.readouterr().out == ""
