@@ -3,6 +3,7 @@
     from labkit.base import machine
     machine.cores()              # CPU cores this process may use (affinity mask and cgroup quota; LABKIT_CORES)
     machine.memory()             # bytes of memory it may use (RAM, cgroup limit; LABKIT_MEMORY such as 16G)
+    machine.gpus()               # NVIDIA GPUs it may use, counted without TensorFlow (LABKIT_GPUS)
     machine.limit_threads(2)     # BLAS/OpenMP pools and TensorFlow's pools, before TF's first op
     print(machine.describe())    # CPU, cores, BLAS and its kernel, TensorFlow version, oneDNN on/off
 
@@ -70,6 +71,34 @@ def cores() -> int:
             raise ValueError(f"{CORES_ENV} must be a whole number of cores >= 1, such as 8; got {override!r}")
         return int(override)
     return _usable_cores()
+
+
+GPUS_ENV = "LABKIT_GPUS"
+_NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the NVIDIA driver runs (Linux)
+
+
+def gpus(driver_dir: Path | str = _NVIDIA_GPUS) -> int:
+    """NVIDIA GPUs this process may use, counted without loading TensorFlow: LABKIT_GPUS where set (to ask what
+    labkit would do on a GPU node); else CUDA_VISIBLE_DEVICES' entries up to the first invalid one, as CUDA
+    reads it; else the driver's count; 0 without a driver (macOS, a CPU node). Whether TensorFlow can use them
+    (its CUDA build) is `labkit doctor`'s to say."""
+    override = os.environ.get(GPUS_ENV, "").strip()
+    if override:
+        if not override.isdigit():
+            raise ValueError(f"{GPUS_ENV} must be a whole number of GPUs >= 0, such as 4; got {override!r}")
+        return int(override)
+    driver = Path(driver_dir)
+    present = len(list(driver.iterdir())) if driver.is_dir() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not present:
+        return present
+    count = 0
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-") or not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break  # CUDA stops at the first entry it cannot read ("-1" hides every GPU)
+        count += 1
+    return min(count, present)
 
 
 def physical_cores() -> int:

@@ -6,6 +6,7 @@ blindly. (04_horovod_scaling, 05_network_sweep, 07_scaling_deep_dive; `labkit pl
     plans.batch_size()                # 04's and 07's images per worker per step: 64 (128 in full), less if memory is short
     print(plans.describe())           # every notebook's launches: workers, processes, peak memory, minutes
     plans.say_if_short("05_network_sweep")  # one line when its largest run would not fit in the free memory
+    plans.run_device(2, 4, "full")    # "gpu": where a run's workers go on a GPU node ("cpu" if too few GPUs)
 
 Rules: worker counts are log-spaced (1, 2, 4, 8, ...); the quick and workshop profiles make a handful of
 launches (04: at most 3 worker counts, 6 launches, 8 workers) on any machine; the full profile goes up to the
@@ -49,6 +50,7 @@ class Machine:
     memory: int
     load: float = 0.0
     load_counted: bool = True
+    gpus: int = 0  # NVIDIA GPUs (machine.gpus(); LABKIT_GPUS): shown, and the device rule of labkit.scale.gpu
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,8 @@ def here() -> Machine:
     from labkit.base import machine, timing
     named = bool(os.environ.get(machine.CORES_ENV, "").strip())
     load = 0.0 if named else timing.load_average()
-    return Machine(machine.cores(), machine.memory_available(), load if math.isfinite(load) else 0.0, not named)
+    return Machine(machine.cores(), machine.memory_available(), load if math.isfinite(load) else 0.0, not named,
+                   machine.gpus())
 
 
 def _check(m: Machine, profile: str) -> None:
@@ -124,6 +127,19 @@ def scaling_workers(profile: str | None = None, m: Machine | None = None) -> lis
         return [1, 2]
     top = min(limit, WORKSHOP_MAX_WORKERS)
     return sorted({1, 2, top})[:WORKSHOP_MAX_COUNTS]  # two at least: the exchange is the lesson
+
+
+def run_device(ranks_per_host: int, gpus: int, profile: str = "full") -> str | None:
+    """The device every rank of a run uses, chosen once so that no run mixes them: None on a machine without
+    GPUs (nothing to choose); "gpu" in the full profile (the GPU/HPC one) when each host has a GPU for every
+    rank it runs, and for two at least (the pair every lesson compares with one); "cpu" otherwise: the quick and
+    workshop profiles' lessons measure cores, and too few GPUs must not leave some ranks without one."""
+    from labkit.base.checks import check_int
+    check_int(ranks_per_host, "ranks_per_host", minimum=1)
+    check_int(gpus, "gpus", minimum=0)
+    if gpus == 0:
+        return None
+    return "gpu" if profile == "full" and gpus >= max(2, ranks_per_host) else "cpu"
 
 
 def batch_size(profile: str | None = None, m: Machine | None = None, workers: int | None = None) -> int:
@@ -252,7 +268,12 @@ def _header(profile: str, m: Machine) -> str:
     memory = " (LABKIT_MEMORY)" if os.environ.get(machine.MEMORY_ENV, "").strip() else ""
     load = (f"load average {m.load:.2f}" if m.load_counted else
             "host load not counted (LABKIT_CORES names the cores free for labkit)")
-    return f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free{memory}, {load}"
+    gpus = ""
+    if m.gpus:
+        device = run_device(2, m.gpus, profile)
+        gpus = (f"; {m.gpus} NVIDIA GPU{'s' * (m.gpus > 1)}: the workers run on "
+                f"{'one GPU each' if device == 'gpu' else 'the CPU'} (04's decomposition always on the CPU)")
+    return f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free{memory}, {load}{gpus}"
 
 
 def describe(profile: str | None = None, m: Machine | None = None) -> str:

@@ -1,6 +1,8 @@
 """The GPU path: one GPU per Horovod rank, mixed precision with loss scaling, and model-FLOPs utilisation.
 
 pin_to_local_rank is the Horovod recipe (each process on a node sees only the GPU of its local rank);
+place_rank applies a run's device (labkit.base.plans.run_device: one GPU per rank, or every rank on the CPU,
+never a mix) and puts a node's ranks on the CPU rather than failing where it has fewer GPUs than ranks;
 mixed_precision switches Keras to float16 compute with float32 variables, only when asked; mfu is the
 fraction of the device's peak that a training step used, as nanoGPT reports it. Every function runs on a CPU
 too, so the course's tests check the GPU path without a GPU. (04_horovod_scaling)
@@ -34,6 +36,30 @@ def pin_to_local_rank(local_rank: int, gpus=None):
         tf.config.experimental.set_memory_growth(gpu, True)
     tf.config.set_visible_devices(gpus[local_rank], "GPU")
     return gpus[local_rank]
+
+
+DEVICES = ("cpu", "gpu")
+
+
+def place_rank(local_rank: int, local_size: int, device: str | None = None, gpus=None):
+    """Put this rank on its device before TensorFlow runs an op: device "cpu" hides every GPU; "gpu" pins the
+    GPU of its local rank (pin_to_local_rank: too few GPUs is its ValueError); None: the GPU of its local rank
+    where the node has one for each of its local_size ranks, else every rank on the CPU instead of failing.
+    Returns the GPU pinned, or None."""
+    import tensorflow as tf
+
+    check_int(local_size, "local_size", minimum=1)
+    if device is not None and device not in DEVICES:
+        raise ValueError(f"device must be 'cpu', 'gpu' or None (choose); got {device!r}")
+    gpus = list(tf.config.list_physical_devices("GPU") if gpus is None else gpus)
+    if device == "gpu" and not gpus:
+        raise ValueError("device 'gpu': TensorFlow sees no GPU here (`labkit doctor` says why); use 'cpu' or none")
+    device = device or (None if not gpus else "gpu" if len(gpus) >= local_size else "cpu")
+    if device == "cpu":
+        if gpus:
+            tf.config.set_visible_devices([], "GPU")
+        return None
+    return pin_to_local_rank(local_rank, gpus)
 
 
 @contextlib.contextmanager

@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-warmup-steps", type=int, default=d.lr_warmup_steps,
                    help="ramp the scaled LR up over this many steps")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / local ranks)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                   help="every rank on the CPU, or one GPU per rank (default: a GPU per rank where the node has "
+                        "one for each of its ranks, else the CPU)")
     p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads per rank (0: as --threads)")
     p.add_argument("--no-sync", action="store_true",
                    help="control experiment: plain optimizer, no gradient allreduce (ranks drift apart)")
@@ -148,9 +151,9 @@ def _setup(args):
     if args.inter_threads:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_threads)
 
-    gpus = tf.config.list_physical_devices("GPU")
-    gpu.pin_to_local_rank(hvd.local_rank(), gpus)  # one GPU per rank, chosen by local rank (Horovod's recipe)
-    return tf, hvd, threads, len(gpus), comm_tids
+    # one GPU per rank, chosen by local rank (Horovod's recipe), or every rank on the CPU: never a mix
+    pinned = gpu.place_rank(hvd.local_rank(), hvd.local_size(), args.device)
+    return tf, hvd, threads, int(pinned is not None), comm_tids
 
 
 def _load_data(tf, args, rank, size):

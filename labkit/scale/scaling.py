@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from labkit.base import machine
 from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, launch_problem, take_slots
 from labkit.scale.settings import (  # noqa: F401  (check_model, model_names: also reachable as scaling's)
     DEFAULT_MODEL,
@@ -135,6 +136,10 @@ def _launches(nps, settings: RunSettings) -> list:
     """The settings checked, then one launch per worker count: a list of each launch's rank results, in np order."""
     nps = check_nps(nps)
     s = settings.check(nps)
+    if s.device is None:  # chosen once for every launch, so that no run compares GPU ranks with CPU ranks
+        from labkit.base import config, plans
+        most = ranks_per_host(s.hosts, max(nps))
+        s = dataclasses.replace(s, device=plans.run_device(most, machine.gpus(), config.profile()))
     # chosen once for every launch: "auto" is mpirun with Open MPI's tuned settings where Horovod has MPI
     launcher, tuned, note = choose_launcher(s.launcher, s.hosts, env_extra=s.env_extra)
     if s.progress:
@@ -250,6 +255,20 @@ def check_cores(nps, hosts=None, oversubscribe: bool = False, env=None) -> None:
                          "pass --oversubscribe to run it anyway")
 
 
+def check_gpus(nps, device, hosts=None) -> None:
+    """ValueError (one line, naming --device) when --device gpu asks for more GPUs than a host has (this
+    machine's count, machine.gpus(); other hosts are taken to be alike)."""
+    have = machine.gpus()  # a bad LABKIT_GPUS is said here, before any launch
+    if device != "gpu":
+        return
+    most = ranks_per_host(hosts, max(nps))
+    if have < most:
+        raise ValueError(f"--device gpu: a launch puts {most} worker(s) on a host with {have} NVIDIA GPU(s) "
+                         f"(one each); use --np of at most {have} per host, or --device cpu" if have else
+                         "--device gpu: no NVIDIA GPU on this machine (`labkit doctor` says what TensorFlow sees); "
+                         "leave --device out or use --device cpu")
+
+
 def training_bytes(model: str) -> tuple[int, int]:
     """(activation bytes per image kept for the backward pass, weights + gradients + momentum bytes) of model
     on the ranks' 32x32x3 images, 10 classes: labkit.flops' counts (03_flops). Loads TensorFlow."""
@@ -333,6 +352,9 @@ def _parser() -> _Parser:
     p.add_argument("--paired", action="store_true",
                    help="also time the same steps without the gradient exchange, in alternating blocks of the "
                         "same launch (run_paired): efficiency with and without the exchange, and their ratio")
+    p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
+                   help="every worker on the CPU, or one GPU each (default: in the full profile, GPUs where every "
+                        "host has one for each of its workers in every launch, else the CPU; never a mix)")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--oversubscribe", action="store_true",
@@ -354,6 +376,7 @@ def _check_args(a, settings: RunSettings) -> RunSettings:
     if a.json_path:
         _check_json_path(a.json_path)
     check_cores(a.nps, s.hosts, a.oversubscribe)
+    check_gpus(a.nps, s.device, s.hosts)
     if s.hosts is not None:
         problem = launch_problem(s.hosts)
         if problem:

@@ -76,6 +76,7 @@ class RunSettings:
     scale_lr: bool = _setting(False, _bool, "--scale-lr")  # linear scaling rule: LR x number of workers
     lr_warmup_steps: int = _setting(0, _int(0), "--lr-warmup-steps")  # ramp the scaled LR up over this many steps
     threads: int = _setting(1, _int(1), "--threads")  # intra-op threads per worker: a fixed share, as a GPU or node
+    device: str | None = _setting(None, _optional(_choice("cpu", "gpu")), "--device")  # None: chosen per run (scaling)
     sync: bool = _setting(True, _bool, "--no-sync")  # False: the control without the gradient allreduce
     seed: int = _setting(0, _int(0), "--seed")
     launcher: str = _setting("auto", _choice(*LAUNCHERS))  # auto: launch.choose_launcher's choice
@@ -98,7 +99,7 @@ class RunSettings:
                 value = self.per_rank_batch(n)
             elif f.name == "num_examples":
                 value = value or num_examples_for(self.per_rank_batch(n), n)
-            if flag is None:
+            if flag is None or value is None:  # None: the worker's own default
                 continue
             out += ([flag] if value != f.default else []) if isinstance(f.default, bool) else [flag, str(value)]
         return out + [str(a) for a in self.extra]

@@ -256,3 +256,35 @@ def test_cgroup_memory_limit_files_v2_and_v1(tmp_path):
     (v1 / "memory" / "memory.limit_in_bytes").write_text("1073741824\n")
     assert machine.cgroup_memory_limit(v1) == 2**30
     assert machine.cgroup_memory_limit(tmp_path / "none") is None
+
+
+# ------------------------------------------------------------------ GPUs, counted without TensorFlow
+@pytest.fixture
+def driver(tmp_path):
+    """A stand-in for /proc/driver/nvidia/gpus with four GPUs (one folder each, named by PCI address)."""
+    for i in range(4):
+        (tmp_path / f"0000:{i:02x}:00.0").mkdir()
+    return tmp_path
+
+
+@pytest.mark.parametrize("visible, count", [(None, 4), ("", 0), ("-1", 0), ("0,1", 2), ("2", 1), ("0,-1,2", 1),
+                                            ("GPU-8f1c,GPU-77aa", 2), ("0,1,2,3,4,5", 4), ("x", 0)])
+def test_gpus_reads_cuda_visible_devices_as_cuda_does(monkeypatch, driver, visible, count):
+    monkeypatch.delenv("LABKIT_GPUS", raising=False)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert machine.gpus(driver) == count
+
+
+def test_no_driver_is_no_gpu_and_labkit_gpus_overrides(monkeypatch, tmp_path):
+    monkeypatch.delenv("LABKIT_GPUS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert machine.gpus(tmp_path / "absent") == 0  # a CPU node, macOS: the variable alone names no GPU
+    monkeypatch.setenv("LABKIT_GPUS", "8")  # what would labkit do on an 8-GPU node?
+    assert machine.gpus(tmp_path / "absent") == 8
+    for bad in ("x", "-1", "2.5"):
+        monkeypatch.setenv("LABKIT_GPUS", bad)
+        with pytest.raises(ValueError, match="^LABKIT_GPUS must be a whole number"):
+            machine.gpus()

@@ -180,3 +180,21 @@ def test_say_if_short_counts_the_kernel_in_labkit_memory(monkeypatch, capsys):
     monkeypatch.setenv("LABKIT_MEMORY", "4G")
     plans.say_if_short("05_network_sweep")
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("ranks, gpus, profile, device", [
+    (2, 0, "full", None),       # no GPU: nothing to choose, no flag
+    (2, 4, "full", "gpu"), (4, 4, "full", "gpu"), (1, 4, "full", "gpu"),
+    (8, 4, "full", "cpu"),      # more ranks on a node than GPUs: all of them on the CPU
+    (1, 1, "full", "cpu"),      # one GPU cannot hold the pair every lesson compares with one worker
+    (2, 8, "workshop", "cpu"), (2, 8, "quick", "cpu")])  # the CPU lessons measure cores
+def test_run_device(ranks, gpus, profile, device):
+    assert plans.run_device(ranks, gpus, profile) == device
+
+
+def test_labkit_plan_names_the_gpus_and_where_the_workers_run(monkeypatch, capsys):
+    monkeypatch.setenv("LABKIT_GPUS", "4")
+    assert cli.main(["plan", "--profile", "full"]) == 0
+    assert "4 NVIDIA GPUs: the workers run on one GPU each" in capsys.readouterr().out.splitlines()[0]
+    assert cli.main(["plan", "--profile", "workshop"]) == 0
+    assert "4 NVIDIA GPUs: the workers run on the CPU" in capsys.readouterr().out.splitlines()[0]

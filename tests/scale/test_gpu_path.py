@@ -200,3 +200,19 @@ def test_tensorflow_and_cuda_resolves_for_manylinux_x86_64(tmp_path):
     for wheel in ("nvidia-cudnn-cu12", "nvidia-nccl-cu12", "nvidia-cublas-cu12", "nvidia-cuda-runtime-cu12"):
         assert wheel in got, f"{wheel} missing from tensorflow[and-cuda]'s resolution"
     assert got["nvidia-cudnn-cu12"].startswith("8.9")  # TF 2.15 is built against cuDNN 8.9 (TF's tested builds)
+
+
+# ------------------------------------------------------------------ one device per run, never a mix
+def test_a_rank_on_the_cpu_hides_every_gpu(fake_tf_config):
+    gpus = ["g0", "g1"]
+    assert gpu.place_rank(0, 4, None, gpus) is None  # 4 ranks on a 2-GPU node: the CPU for all, no failure
+    assert fake_tf_config.visible == [([], "GPU")]
+    assert gpu.place_rank(1, 2, None, gpus) == "g1"  # a GPU for each: the local rank's
+    assert gpu.place_rank(0, 2, "cpu", gpus) is None and fake_tf_config.visible[-1] == ([], "GPU")
+    with pytest.raises(ValueError, match="local_rank 2 .*2 GPU"):
+        gpu.place_rank(2, 4, "gpu", gpus)  # asked for: refused with the reason
+    with pytest.raises(ValueError, match="device 'gpu': TensorFlow sees no GPU"):
+        gpu.place_rank(0, 1, "gpu", [])
+    with pytest.raises(ValueError, match="^device must be"):
+        gpu.place_rank(0, 1, "tpu", gpus)
+    assert gpu.place_rank(0, 1, None, []) is None  # no GPU: nothing changes

@@ -248,3 +248,37 @@ def test_cli_paired_prints_both_and_their_ratio(monkeypatch, capsys, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["paired"] and [r["efficiency"] for r in doc["without_exchange"]] == pytest.approx([1.0, 2.0])
     assert doc["all_in_sync"] and [r["in_sync"] for r in doc["without_exchange"]] == [True, False]
+
+
+@pytest.mark.parametrize("gpus, profile, nps, flag", [
+    ("0", "full", "1,2", None), ("4", "full", "1,2", "gpu"), ("4", "full", "1,2,8", "cpu"),
+    ("8", "workshop", "1,2", "cpu")])
+def test_every_launch_of_a_run_gets_one_device(monkeypatch, gpus, profile, nps, flag):
+    """On a GPU node the device is chosen once per run: a run never compares GPU workers with CPU workers."""
+    calls = []
+
+    def fake_launch(n, args, **kw):
+        calls.append(list(args))
+        return [_fake_rank(r, n, [10.0, 10.0], "c") for r in range(n)]
+
+    monkeypatch.setenv("LABKIT_GPUS", gpus)
+    monkeypatch.setenv("LABKIT_PROFILE", profile)
+    monkeypatch.setenv("LABKIT_CORES", "16")
+    monkeypatch.setattr(scaling, "launch", fake_launch)
+    scaling.run([int(n) for n in nps.split(",")], progress=False, launcher="gloo")
+    devices = {args[args.index("--device") + 1] if "--device" in args else None for args in calls}
+    assert devices == {flag}, calls
+
+
+def test_cli_refuses_gpu_workers_a_node_cannot_hold(monkeypatch, capsys):
+    monkeypatch.setattr(scaling, "launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setenv("LABKIT_CORES", "16")
+    monkeypatch.setenv("LABKIT_GPUS", "2")
+    with pytest.raises(SystemExit) as stop:
+        scaling.cli_main(["--np", "1,4", "--device", "gpu", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stop.value.code == 2 and "--device gpu: a launch puts 4 worker(s) on a host with 2 NVIDIA GPU(s)" in err
+    monkeypatch.setenv("LABKIT_GPUS", "0")
+    with pytest.raises(SystemExit):
+        scaling.cli_main(["--np", "1,2", "--device", "gpu", "--quiet"])
+    assert "no NVIDIA GPU on this machine" in capsys.readouterr().err
