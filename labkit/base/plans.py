@@ -129,17 +129,18 @@ def scaling_workers(profile: str | None = None, m: Machine | None = None) -> lis
     return sorted({1, 2, top})[:WORKSHOP_MAX_COUNTS]  # two at least: the exchange is the lesson
 
 
-def run_device(ranks_per_host: int, gpus: int, profile: str = "full") -> str | None:
+def run_device(ranks_per_host: int, gpus: int, profile: str = "full", pair: bool = True) -> str | None:
     """The device every rank of a run uses, chosen once so that no run mixes them: None on a machine without
     GPUs (nothing to choose); "gpu" in the full profile (the GPU/HPC one) when each host has a GPU for every
-    rank it runs, and for two at least (the pair every lesson compares with one); "cpu" otherwise: the quick and
-    workshop profiles' lessons measure cores, and too few GPUs must not leave some ranks without one."""
+    rank it runs, and, with pair, for two at least (the notebooks compare separate runs of one worker with
+    runs of two); "cpu" otherwise: the quick and workshop profiles' lessons measure cores, and too few GPUs
+    must not leave some ranks without one. `labkit scale` asks with profile "full" and pair=False."""
     from labkit.base.checks import check_int
     check_int(ranks_per_host, "ranks_per_host", minimum=1)
     check_int(gpus, "gpus", minimum=0)
     if gpus == 0:
         return None
-    return "gpu" if profile == "full" and gpus >= max(2, ranks_per_host) else "cpu"
+    return "gpu" if profile == "full" and gpus >= max(2 if pair else 1, ranks_per_host) else "cpu"
 
 
 def batch_size(profile: str | None = None, m: Machine | None = None, workers: int | None = None) -> int:

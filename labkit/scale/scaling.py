@@ -353,8 +353,8 @@ def _parser() -> _Parser:
                    help="also time the same steps without the gradient exchange, in alternating blocks of the "
                         "same launch (run_paired): efficiency with and without the exchange, and their ratio")
     p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
-                   help="every worker on the CPU, or one GPU each (default: in the full profile, GPUs where every "
-                        "host has one for each of its workers in every launch, else the CPU; never a mix)")
+                   help="every worker on the CPU, or one GPU each (default: GPUs where every host has one for each "
+                        "of its workers in every launch, else the CPU; never a mix)")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--oversubscribe", action="store_true",
@@ -377,6 +377,10 @@ def _check_args(a, settings: RunSettings) -> RunSettings:
         _check_json_path(a.json_path)
     check_cores(a.nps, s.hosts, a.oversubscribe)
     check_gpus(a.nps, s.device, s.hosts)
+    if s.device is None:  # the hardware decides here, whatever the profile: a GPU per worker where each has one
+        from labkit.base import plans
+        s = dataclasses.replace(s, device=plans.run_device(ranks_per_host(s.hosts, max(a.nps)), machine.gpus(),
+                                                           "full", pair=False))
     if s.hosts is not None:
         problem = launch_problem(s.hosts)
         if problem:

@@ -190,6 +190,8 @@ def test_say_if_short_counts_the_kernel_in_labkit_memory(monkeypatch, capsys):
     (2, 8, "workshop", "cpu"), (2, 8, "quick", "cpu")])  # the CPU lessons measure cores
 def test_run_device(ranks, gpus, profile, device):
     assert plans.run_device(ranks, gpus, profile) == device
+    if profile == "full" and 0 < gpus:  # `labkit scale`: no pair to keep, a GPU for each of the ranks is enough
+        assert plans.run_device(ranks, gpus, profile, pair=False) == ("gpu" if gpus >= ranks else "cpu")
 
 
 def test_labkit_plan_names_the_gpus_and_where_the_workers_run(monkeypatch, capsys):

@@ -282,3 +282,21 @@ def test_cli_refuses_gpu_workers_a_node_cannot_hold(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         scaling.cli_main(["--np", "1,2", "--device", "gpu", "--quiet"])
     assert "no NVIDIA GPU on this machine" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus, nps, device", [("8", "1,2,4,8", "gpu"), ("1", "1", "gpu"), ("4", "1,8", "cpu"),
+                                               ("0", "1,2", None)])
+def test_labkit_scale_puts_workers_on_gpus_whatever_the_profile(monkeypatch, gpus, nps, device):
+    """`labkit scale` in an sbatch on a GPU node (workshop profile by default): one GPU per worker where each has one."""
+    calls = []
+
+    def fake_launch(n, args, **kw):
+        calls.append(list(args))
+        return [_fake_rank(r, n, [10.0, 10.0], "c") for r in range(n)]
+
+    monkeypatch.setattr(scaling, "launch", fake_launch)
+    monkeypatch.setenv("LABKIT_GPUS", gpus)
+    monkeypatch.setenv("LABKIT_CORES", "16")
+    monkeypatch.delenv("LABKIT_PROFILE", raising=False)
+    assert scaling.cli_main(["--np", nps, "--quiet", "--launcher", "gloo"]) == 0
+    assert {args[args.index("--device") + 1] if "--device" in args else None for args in calls} == {device}
