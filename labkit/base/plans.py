@@ -3,10 +3,11 @@ blindly. (04_horovod_scaling, 05_network_sweep, 07_scaling_deep_dive; `labkit pl
 
     from labkit.base import plans
     plans.scaling_workers()           # 04's worker counts here, e.g. [1, 2] on 2 cores, [1, 2, 8] on 64
-    plans.batch_size()                # 04's and 07's images per worker per step: 64 (128 in full), less if memory is short
+    plans.batch_size()                # 04's and 07's images per worker per step: 64 (128 in full), less where
+                                      # memory is short
     print(plans.describe())           # every notebook's launches: workers, processes, peak memory, minutes
     plans.say_if_short("05_network_sweep")  # one line when its largest run would not fit in the free memory
-    plans.run_device(2, 4, "full")    # "gpu": where a run's workers go on a GPU node ("cpu" if too few GPUs)
+    plans.run_device(2, 4)            # "gpu": where `labkit scale`'s workers go on a 4-GPU node ("cpu" for 8)
 
 Rules: worker counts are log-spaced (1, 2, 4, 8, ...); the quick and workshop profiles make a handful of
 launches (04: at most 3 worker counts, 6 launches, 8 workers) on any machine; the full profile goes up to the
@@ -50,7 +51,7 @@ class Machine:
     memory: int
     load: float = 0.0
     load_counted: bool = True
-    gpus: int = 0  # NVIDIA GPUs (machine.gpus(); LABKIT_GPUS): shown, and the device rule of labkit.scale.gpu
+    gpus: int = 0  # NVIDIA GPUs (machine.gpus(); LABKIT_GPUS): shown in the header
 
 
 @dataclass(frozen=True)
@@ -129,18 +130,17 @@ def scaling_workers(profile: str | None = None, m: Machine | None = None) -> lis
     return sorted({1, 2, top})[:WORKSHOP_MAX_COUNTS]  # two at least: the exchange is the lesson
 
 
-def run_device(ranks_per_host: int, gpus: int, profile: str = "full", pair: bool = True) -> str | None:
-    """The device every rank of a run uses, chosen once so that no run mixes them: None on a machine without
-    GPUs (nothing to choose); "gpu" in the full profile (the GPU/HPC one) when each host has a GPU for every
-    rank it runs, and, with pair, for two at least (the notebooks compare separate runs of one worker with
-    runs of two); "cpu" otherwise: the quick and workshop profiles' lessons measure cores, and too few GPUs
-    must not leave some ranks without one. `labkit scale` asks with profile "full" and pair=False."""
+def run_device(ranks_per_host: int, gpus: int) -> str | None:
+    """Where the workers of a run go on a machine with `gpus` NVIDIA GPUs, one device for all of them: "gpu"
+    (one each) when every host has a GPU for each of the ranks it runs, "cpu" when it has too few (no rank
+    left without one), None without GPUs (nothing to choose). `labkit scale` and hvd_train ask it; the
+    notebooks' runs measure cores and stay on the CPU (labkit.scale.scaling)."""
     from labkit.base.checks import check_int
     check_int(ranks_per_host, "ranks_per_host", minimum=1)
     check_int(gpus, "gpus", minimum=0)
     if gpus == 0:
         return None
-    return "gpu" if profile == "full" and gpus >= max(2 if pair else 1, ranks_per_host) else "cpu"
+    return "gpu" if gpus >= ranks_per_host else "cpu"
 
 
 def batch_size(profile: str | None = None, m: Machine | None = None, workers: int | None = None) -> int:
@@ -186,9 +186,9 @@ def _shared(m: Machine) -> str:
 
 
 def _im2col(profile: str, m: Machine) -> list:
+    minutes = {"quick": 0.3, "workshop": 0.5, "full": 2.0}[profile] * _slowdown(m.cores, m)
     return [Experiment("02_im2col", "im2col timings and the chunk sweep (in the kernel)", (1,), 0, 1,
-                       KERNEL_BYTES + 300 * MiB, {"quick": 0.3, "workshop": 0.5, "full": 2.0}[profile] * _slowdown(m.cores, m),
-                       f"BLAS on {m.cores} thread{'s' * (m.cores > 1)}")]
+                       KERNEL_BYTES + 300 * MiB, minutes, f"BLAS on {m.cores} thread{'s' * (m.cores > 1)}")]
 
 
 def _scaling(profile: str, m: Machine) -> list:
@@ -252,12 +252,12 @@ def memory_line(notebook: str, profile: str | None = None, m: Machine | None = N
 def say_if_short(notebook: str) -> None:
     """Print memory_line(notebook) from the notebook's kernel (a measuring notebook's first cell) when memory is
     short; nothing otherwise."""
-    import os
-
     from labkit.base import machine
-    # a cgroup's limit and LABKIT_MEMORY count the kernel in; the system's free memory has it out already
-    counted = machine.cgroup_memory_limit() is not None or bool(os.environ.get(machine.MEMORY_ENV, "").strip())
-    line = memory_line(notebook, running=0 if counted else KERNEL_BYTES)
+    m = here()
+    # the free memory is the whole machine's (a cgroup's limit, LABKIT_MEMORY) with the kernel in it, or what the
+    # system has left, the running kernel already out of it
+    counted = m.memory >= machine.memory()
+    line = memory_line(notebook, m=m, running=0 if counted else KERNEL_BYTES)
     if line:
         print(line)
 
@@ -271,9 +271,8 @@ def _header(profile: str, m: Machine) -> str:
             "host load not counted (LABKIT_CORES names the cores free for labkit)")
     gpus = ""
     if m.gpus:
-        device = run_device(2, m.gpus, profile)
-        gpus = (f"; {m.gpus} NVIDIA GPU{'s' * (m.gpus > 1)}: the workers run on "
-                f"{'one GPU each' if device == 'gpu' else 'the CPU'} (04's decomposition always on the CPU)")
+        gpus = (f"; {m.gpus} NVIDIA GPU{'s' * (m.gpus > 1)}: the notebooks' workers run on the CPU (`labkit scale` "
+                f"gives each worker a GPU, up to {m.gpus} per node)")
     return f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free{memory}, {load}{gpus}"
 
 
@@ -287,7 +286,8 @@ def describe(profile: str | None = None, m: Machine | None = None) -> str:
              f"{'minutes':>8}"]
     for e in plan:
         lines.append(f"{e.notebook:<22} {e.name:<60} {','.join(map(str, e.workers)):<18} {e.batch or '-':>5} "
-                     f"{e.launches:>8} {e.peak_bytes / MiB:>9,.0f} {e.minutes:>8.1f}" + (f"  {e.note}" if e.note else ""))
+                     f"{e.launches:>8} {e.peak_bytes / MiB:>9,.0f} {e.minutes:>8.1f}"
+                     + (f"  {e.note}" if e.note else ""))
     if not fits(plan, m):
         lines.append("warning: an experiment's peak memory estimate exceeds the free memory")
     return "\n".join(lines)

@@ -38,9 +38,6 @@ def pin_to_local_rank(local_rank: int, gpus=None):
     return gpus[local_rank]
 
 
-DEVICES = ("cpu", "gpu")
-
-
 def place_rank(local_rank: int, local_size: int, device: str | None = None, gpus=None):
     """Put this rank on its device before TensorFlow runs an op: device "cpu" hides every GPU; "gpu" pins the
     GPU of its local rank (pin_to_local_rank: too few GPUs is its ValueError); None: the GPU of its local rank
@@ -48,13 +45,15 @@ def place_rank(local_rank: int, local_size: int, device: str | None = None, gpus
     Returns the GPU pinned, or None."""
     import tensorflow as tf
 
+    from labkit.base import plans
+    from labkit.scale.settings import DEVICES
     check_int(local_size, "local_size", minimum=1)
     if device is not None and device not in DEVICES:
         raise ValueError(f"device must be 'cpu', 'gpu' or None (choose); got {device!r}")
     gpus = list(tf.config.list_physical_devices("GPU") if gpus is None else gpus)
     if device == "gpu" and not gpus:
         raise ValueError("device 'gpu': TensorFlow sees no GPU here (`labkit doctor` says why); use 'cpu' or none")
-    device = device or (None if not gpus else "gpu" if len(gpus) >= local_size else "cpu")
+    device = device or plans.run_device(local_size, len(gpus))  # this node's ranks
     if device == "cpu":
         if gpus:
             tf.config.set_visible_devices([], "GPU")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported)
 from labkit.base.checks import check_int
-from labkit.scale.settings import DATA, DEFAULT_MODEL, RunSettings, num_examples_for  # noqa: F401
+from labkit.scale.settings import DATA, DEFAULT_MODEL, DEVICES, RunSettings, num_examples_for  # noqa: F401
 
 PROGRESS_TAG = "LABKIT_PROGRESS"  # rank 0's progress lines, parsed by labkit.scale.scaling.run
 
@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-warmup-steps", type=int, default=d.lr_warmup_steps,
                    help="ramp the scaled LR up over this many steps")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / local ranks)")
-    p.add_argument("--device", choices=("cpu", "gpu"), default=None,
+    p.add_argument("--device", choices=DEVICES, default=d.device,
                    help="every rank on the CPU, or one GPU per rank (default: a GPU per rank where the node has "
                         "one for each of its ranks, else the CPU)")
     p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads per rank (0: as --threads)")

@@ -25,10 +25,11 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     the machine's own limit (labkit.scale.probe: that many single-thread GEMM processes at once), the training
     workers without gradient exchange (compute on a shared chip) and with Horovod's exchange, timed in
     alternating blocks of one launch per worker count (scaling.run_paired). Every worker owns one thread
-    (threads=1) on the CPU, also on a GPU node (device="cpu"). workers: default labkit.base.plans.scaling_workers() (log-spaced, fitted to the cores, memory
-    and load, at least 1 and 2). run_kw: scaling.run_paired's (model,
-    batch_size, steps, ...). Returns (table, horovod, no_sync): one row per worker count with GFLOP/s,
-    images/s, speedup and efficiency of the three, and the two scaling.run_paired DataFrames.
+    (threads=1) on the CPU, also on a GPU node (scaling.run's workers stay there). workers: default
+    labkit.base.plans.scaling_workers() (log-spaced, fitted to the cores, memory and load, at least 1 and 2).
+    run_kw: scaling.run_paired's (model, batch_size, steps, ...). Returns (table, horovod, no_sync): one row per
+    worker count with GFLOP/s, images/s, speedup and efficiency of the three, and the two scaling.run_paired
+    DataFrames.
     """
     import pandas as pd
     from labkit.base import plans
@@ -38,7 +39,7 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     workers = check_ints([workers] if isinstance(workers, int) else workers, "workers", minimum=1)
     if run_kw.get("threads", 1) != 1:
         raise ValueError(f"threads must be 1 here (each worker owns one core); got {run_kw['threads']!r}")
-    run_kw = {**run_kw, "threads": 1, "device": "cpu"}  # the probe measures the cores: the workers run on them
+    run_kw = {**run_kw, "threads": 1}
     workers = sorted(set(workers) | {1})  # one worker is every curve's baseline
     gemm, hvd, free = {}, [], []
     for n in workers:  # interleaved: probe, then one launch with and without the exchange, then the next count

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.base import machine
+from labkit.base import config, machine, plans
 from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, launch_problem, take_slots
 from labkit.scale.settings import (  # noqa: F401  (check_model, model_names: also reachable as scaling's)
     DEFAULT_MODEL,
+    DEVICES,
     LAUNCHERS,
     SCALINGS,
     RunSettings,
@@ -136,10 +137,7 @@ def _launches(nps, settings: RunSettings) -> list:
     """The settings checked, then one launch per worker count: a list of each launch's rank results, in np order."""
     nps = check_nps(nps)
     s = settings.check(nps)
-    if s.device is None:  # chosen once for every launch, so that no run compares GPU ranks with CPU ranks
-        from labkit.base import config, plans
-        most = ranks_per_host(s.hosts, max(nps))
-        s = dataclasses.replace(s, device=plans.run_device(most, machine.gpus(), config.profile()))
+    s = _with_device(s, nps)
     # chosen once for every launch: "auto" is mpirun with Open MPI's tuned settings where Horovod has MPI
     launcher, tuned, note = choose_launcher(s.launcher, s.hosts, env_extra=s.env_extra)
     if s.progress:
@@ -244,7 +242,6 @@ def check_cores(nps, hosts=None, oversubscribe: bool = False, env=None) -> None:
     """ValueError (one line, naming --np) when a launch on this machine would start more ranks than it has
     cores, unless oversubscribe: each rank would get a slice of a core and the run could take the whole
     timeout. Hosts given (or a Slurm allocation) are the user's own count of slots, checked by take_slots."""
-    from labkit.base import machine
     env = os.environ if env is None else env
     if oversubscribe or hosts is not None or env.get("SLURM_JOB_ID"):
         return
@@ -255,10 +252,21 @@ def check_cores(nps, hosts=None, oversubscribe: bool = False, env=None) -> None:
                          "pass --oversubscribe to run it anyway")
 
 
+def _with_device(s: RunSettings, nps, choose: bool = False) -> RunSettings:
+    """s with one device for every launch of nps, so that no run compares GPU workers with CPU workers; s itself
+    where it names one. Otherwise, on a machine with GPUs: the CPU (the notebooks' runs measure cores), or with
+    choose (`labkit scale`) plans.run_device's choice, a GPU per worker where every host has one for each."""
+    if s.device is not None:
+        return s
+    gpus = machine.gpus()
+    device = plans.run_device(ranks_per_host(s.hosts, max(nps)), gpus) if choose else "cpu" if gpus else None
+    return dataclasses.replace(s, device=device)
+
+
 def check_gpus(nps, device, hosts=None) -> None:
     """ValueError (one line, naming --device) when --device gpu asks for more GPUs than a host has (this
     machine's count, machine.gpus(); other hosts are taken to be alike)."""
-    have = machine.gpus()  # a bad LABKIT_GPUS is said here, before any launch
+    have = machine.gpus()  # a bad LABKIT_GPUS is said here, before any launch, whatever the device
     if device != "gpu":
         return
     most = ranks_per_host(hosts, max(nps))
@@ -352,7 +360,7 @@ def _parser() -> _Parser:
     p.add_argument("--paired", action="store_true",
                    help="also time the same steps without the gradient exchange, in alternating blocks of the "
                         "same launch (run_paired): efficiency with and without the exchange, and their ratio")
-    p.add_argument("--device", choices=["cpu", "gpu"], default=d.device,
+    p.add_argument("--device", choices=DEVICES, default=d.device,
                    help="every worker on the CPU, or one GPU each (default: GPUs where every host has one for each "
                         "of its workers in every launch, else the CPU; never a mix)")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
@@ -370,17 +378,13 @@ def _settings(a) -> RunSettings:
 
 def _check_args(a, settings: RunSettings) -> RunSettings:
     """Every check that needs no launch, the settings' first; the settings checked, or ValueError on the first."""
-    from labkit.base import config
     config.profile()  # LABKIT_PROFILE must be quick, workshop or full
     s = settings.check(a.nps, flags=True)
     if a.json_path:
         _check_json_path(a.json_path)
     check_cores(a.nps, s.hosts, a.oversubscribe)
     check_gpus(a.nps, s.device, s.hosts)
-    if s.device is None:  # the hardware decides here, whatever the profile: a GPU per worker where each has one
-        from labkit.base import plans
-        s = dataclasses.replace(s, device=plans.run_device(ranks_per_host(s.hosts, max(a.nps)), machine.gpus(),
-                                                           "full", pair=False))
+    s = _with_device(s, a.nps, choose=True)
     if s.hosts is not None:
         problem = launch_problem(s.hosts)
         if problem:

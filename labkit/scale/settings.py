@@ -12,12 +12,13 @@ import subprocess
 import sys
 from typing import Callable
 
-from labkit.base.checks import check_int, check_ints, check_number
+from labkit.base.checks import check_choice, check_int, check_ints, check_number
+from labkit.scale.hosts import LAUNCHERS  # noqa: F401  (RunSettings.launcher's choices; also reachable here)
 
 DEFAULT_MODEL = "small_cnn"
 SCALINGS = ("weak", "strong")
 DATA = ("synthetic", "random", "auto", "cifar10")
-LAUNCHERS = ("auto", "gloo", "mpi", "srun")
+DEVICES = ("cpu", "gpu")  # every worker on the CPU, or one GPU each (labkit.scale.gpu.place_rank)
 
 
 def _setting(default, check, worker: str | None = None):
@@ -36,11 +37,8 @@ def _positive(value, name: str) -> float:
 
 
 def _choice(*choices):
-    def check(value, name: str) -> str:
-        if value not in choices:
-            raise ValueError(f"{name} must be {', '.join(map(repr, choices[:-1]))} or {choices[-1]!r}; got {value!r}")
-        return value
-    return check
+    return lambda value, name: check_choice(value, name, choices)
+
 
 
 def _bool(value, name: str) -> bool:
@@ -76,7 +74,7 @@ class RunSettings:
     scale_lr: bool = _setting(False, _bool, "--scale-lr")  # linear scaling rule: LR x number of workers
     lr_warmup_steps: int = _setting(0, _int(0), "--lr-warmup-steps")  # ramp the scaled LR up over this many steps
     threads: int = _setting(1, _int(1), "--threads")  # intra-op threads per worker: a fixed share, as a GPU or node
-    device: str | None = _setting(None, _optional(_choice("cpu", "gpu")), "--device")  # None: chosen per run (scaling)
+    device: str | None = _setting(None, _optional(_choice(*DEVICES)), "--device")  # None: chosen per run (scaling)
     sync: bool = _setting(True, _bool, "--no-sync")  # False: the control without the gradient allreduce
     seed: int = _setting(0, _int(0), "--seed")
     launcher: str = _setting("auto", _choice(*LAUNCHERS))  # auto: launch.choose_launcher's choice
@@ -133,10 +131,10 @@ def check_nps(nps, *, flags: bool = False) -> list[int]:
 
 
 def _check_hosts(hosts, nps, name: str) -> None:
-    """Bad entries or too few slots for any launch fail here, before any launch (launch.take_slots's check)."""
+    """Bad entries or too few slots for any launch fail here, before any launch (hosts.take_slots's check)."""
     if hosts is None:
         return
-    from labkit.scale.launch import take_slots
+    from labkit.scale.hosts import take_slots
     try:
         for n in nps:
             take_slots(hosts, n)

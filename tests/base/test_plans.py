@@ -158,7 +158,8 @@ def test_a_worker_holds_twice_the_activations_labkit_flops_counts():
     from labkit.scale import scaling
     for model, per_image in plans.IMAGE_BYTES.items():
         assert scaling.training_bytes(model)[0] == per_image, model
-    assert plans.worker_bytes("convblock_net", 128) == 400 * 2**20 + 2 * 128 * 2_814_504
+    # 400 MiB + 2 x 128 images x 2,814,504 bytes (labkit.flops' count)
+    assert plans.worker_bytes("convblock_net", 128) == 1_139_943_424
 
 
 def test_a_run_that_would_not_fit_is_said_before_it_starts():
@@ -182,21 +183,34 @@ def test_say_if_short_counts_the_kernel_in_labkit_memory(monkeypatch, capsys):
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("ranks, gpus, profile, device", [
-    (2, 0, "full", None),       # no GPU: nothing to choose, no flag
-    (2, 4, "full", "gpu"), (4, 4, "full", "gpu"), (1, 4, "full", "gpu"),
-    (8, 4, "full", "cpu"),      # more ranks on a node than GPUs: all of them on the CPU
-    (1, 1, "full", "cpu"),      # one GPU cannot hold the pair every lesson compares with one worker
-    (2, 8, "workshop", "cpu"), (2, 8, "quick", "cpu")])  # the CPU lessons measure cores
-def test_run_device(ranks, gpus, profile, device):
-    assert plans.run_device(ranks, gpus, profile) == device
-    if profile == "full" and 0 < gpus:  # `labkit scale`: no pair to keep, a GPU for each of the ranks is enough
-        assert plans.run_device(ranks, gpus, profile, pair=False) == ("gpu" if gpus >= ranks else "cpu")
+@pytest.mark.parametrize("ranks, gpus, device", [
+    (2, 0, None),                                    # no GPU: nothing to choose, no flag
+    (2, 4, "gpu"), (4, 4, "gpu"), (1, 4, "gpu"), (1, 1, "gpu"), (2, 8, "gpu"),  # a GPU for each of the ranks
+    (8, 4, "cpu"), (2, 1, "cpu")])                   # more ranks on a node than GPUs: all of them on the CPU
+def test_run_device(ranks, gpus, device):
+    assert plans.run_device(ranks, gpus) == device
 
 
 def test_labkit_plan_names_the_gpus_and_where_the_workers_run(monkeypatch, capsys):
     monkeypatch.setenv("LABKIT_GPUS", "4")
-    assert cli.main(["plan", "--profile", "full"]) == 0
-    assert "4 NVIDIA GPUs: the workers run on one GPU each" in capsys.readouterr().out.splitlines()[0]
-    assert cli.main(["plan", "--profile", "workshop"]) == 0
-    assert "4 NVIDIA GPUs: the workers run on the CPU" in capsys.readouterr().out.splitlines()[0]
+    for profile in ("full", "workshop"):
+        assert cli.main(["plan", "--profile", profile]) == 0
+        head = capsys.readouterr().out.splitlines()[0]
+        assert "4 NVIDIA GPUs: the notebooks' workers run on the CPU (`labkit scale` gives each worker a GPU, up to " \
+               "4 per node)" in head, head
+
+
+def test_say_if_short_counts_the_kernel_once(monkeypatch, capsys):
+    """From the kernel: where the free memory is the whole machine's (a cgroup's limit with room around it) the
+    running kernel is in it; where the system has less left than that (a busy node), the kernel is already out."""
+    from labkit.base import machine
+    monkeypatch.setenv("LABKIT_CORES", "1")
+    monkeypatch.setenv("LABKIT_PROFILE", "workshop")
+    monkeypatch.delenv("LABKIT_MEMORY", raising=False)
+    monkeypatch.setattr(machine, "memory", lambda: GiB)  # a 1 GiB box on an idle host: 1 GiB free, kernel in it
+    monkeypatch.setattr(machine, "memory_available", lambda: GiB)
+    plans.say_if_short("05_network_sweep")
+    assert "estimated to need 1.2 GiB (" in capsys.readouterr().out
+    monkeypatch.setattr(machine, "memory", lambda: 8 * GiB)  # 8 GiB allowed, 1 GiB left after the kernel loaded
+    plans.say_if_short("05_network_sweep")
+    assert capsys.readouterr().out == ""  # 650 MiB more fit in the 1 GiB left

@@ -12,6 +12,8 @@ import pytest
 from labkit.scale import scaling
 from labkit.scale.launch import horovodrun_path
 
+from helpers import fake_launch, fake_rank  # noqa: E402
+
 needs_horovod = pytest.mark.skipif(horovodrun_path() is None, reason="horovodrun not installed")
 TINY = dict(batch_size=16, steps=3, repeats=2, warmup_steps=1, num_examples=256)
 
@@ -25,23 +27,17 @@ def test_efficiency_from_throughput():
         scaling.efficiency(df, base_np=3)
 
 
-def _fake_rank(rank, size, ips, checksum):
-    return {"rank": rank, "size": size, "batch_size": 8, "global_batch_size": 8 * size,
-            "images_per_sec_repeats": ips, "step_time_s": 0.1, "final_loss": 1.0, "checksum": checksum,
-            "threads": 1, "model": "small_cnn", "data": "synthetic", "sync": True}
-
-
 def test_summarize_sums_ranks_per_repeat_and_checks_sync():
-    row = scaling.summarize([_fake_rank(0, 2, [10.0, 12.0], "a"), _fake_rank(1, 2, [11.0, 13.0], "a")])
+    row = scaling.summarize([fake_rank(0, 2, [10.0, 12.0], "a"), fake_rank(1, 2, [11.0, 13.0], "a")])
     assert row["images_per_sec"] == pytest.approx(23.0)  # (21 + 25) / 2
     assert row["images_per_sec_std"] == pytest.approx(np.std([21.0, 25.0], ddof=1))
     assert row["in_sync"]
-    assert not scaling.summarize([_fake_rank(0, 2, [1.0], "a"), _fake_rank(1, 2, [1.0], "b")])["in_sync"]
+    assert not scaling.summarize([fake_rank(0, 2, [1.0], "a"), fake_rank(1, 2, [1.0], "b")])["in_sync"]
 
 
 def test_to_json_follows_the_design_contract():
-    rows = [scaling.summarize([_fake_rank(0, 1, [10.0, 10.0], "x")]),
-            scaling.summarize([_fake_rank(0, 2, [9.0, 9.0], "y"), _fake_rank(1, 2, [9.0, 9.0], "y")])]
+    rows = [scaling.summarize([fake_rank(0, 1, [10.0, 10.0], "x")]),
+            scaling.summarize([fake_rank(0, 2, [9.0, 9.0], "y"), fake_rank(1, 2, [9.0, 9.0], "y")])]
     doc = scaling.to_json(scaling.efficiency(pd.DataFrame(rows)), model="small_cnn")
     assert [r["np"] for r in doc["runs"]] == [1, 2]
     assert doc["runs"][0]["efficiency"] == 1.0
@@ -125,6 +121,19 @@ def no_launch(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def launches(monkeypatch):
+    """scaling.launch answers at once (helpers.fake_launch); the list of its calls' (n, args, kw)."""
+    calls = []
+    monkeypatch.setattr(scaling, "launch", fake_launch(calls))
+    return calls
+
+
+def _devices(launches) -> set:
+    """The --device each launch gave its workers (None: no flag)."""
+    return {args[args.index("--device") + 1] if "--device" in args else None for _, args, _ in launches}
+
+
 @pytest.mark.parametrize("args, name", [
     (["--timeout", "nan"], "--timeout"), (["--timeout", "inf"], "--timeout"), (["--timeout", "0"], "--timeout"),
     (["--timeout", "-5"], "--timeout"), (["--threads", "0"], "--threads"), (["--np", "0"], "--np"),
@@ -178,17 +187,10 @@ def test_help_says_each_worker_owns_a_fixed_share(capsys):
     assert "fixed share" in text and "default 1" in text and "--hosts" in text and "node1:1,node2:1" in text
 
 
-def test_cli_hands_hosts_and_one_thread_per_worker_to_the_launcher(monkeypatch, capsys, tmp_path):
-    calls = []
-
-    def fake_launch(n, args, **kw):
-        calls.append((n, list(args), kw))
-        return [_fake_rank(r, n, [10.0, 10.0], "c") for r in range(n)]
-
-    monkeypatch.setattr(scaling, "launch", fake_launch)
+def test_cli_hands_hosts_and_one_thread_per_worker_to_the_launcher(launches, capsys, tmp_path):
     out = tmp_path / "scale.json"
     assert scaling.cli_main(["--np", "2", "--hosts", "node1:1,node2:1", "--json", str(out), "--quiet"]) == 0
-    (n, args, kw), = calls
+    (n, args, kw), = launches
     assert n == 2 and kw["hosts"] == "node1:1,node2:1"
     assert args[args.index("--threads") + 1] == "1"
     printed = capsys.readouterr().out
@@ -201,7 +203,7 @@ def _paired_rank(rank, size, ips, free_ips, checksum, free_checksum):
     def timing(v):
         return {"images_per_sec_repeats": v, "step_time_s": 8 / v[0], "cpu_step_time_s": 0.5,
                 "step_time_p10_s": 8 / max(v), "step_times_s": [8 / v[0]]}
-    return {**_fake_rank(rank, size, ips, checksum), **timing(ips), "paired": True,
+    return {**fake_rank(rank, size, ips, checksum), **timing(ips), "paired": True,
             "no_sync": {**timing(free_ips), "checksum": free_checksum, "checksums_after_block": [free_checksum]}}
 
 
@@ -251,23 +253,16 @@ def test_cli_paired_prints_both_and_their_ratio(monkeypatch, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("gpus, profile, nps, flag", [
-    ("0", "full", "1,2", None), ("4", "full", "1,2", "gpu"), ("4", "full", "1,2,8", "cpu"),
+    ("0", "full", "1,2", None), ("4", "full", "1,2", "cpu"), ("4", "full", "1,2,8", "cpu"),
     ("8", "workshop", "1,2", "cpu")])
-def test_every_launch_of_a_run_gets_one_device(monkeypatch, gpus, profile, nps, flag):
-    """On a GPU node the device is chosen once per run: a run never compares GPU workers with CPU workers."""
-    calls = []
-
-    def fake_launch(n, args, **kw):
-        calls.append(list(args))
-        return [_fake_rank(r, n, [10.0, 10.0], "c") for r in range(n)]
-
+def test_every_launch_of_a_run_gets_one_device(monkeypatch, launches, gpus, profile, nps, flag):
+    """On a GPU node every launch of the notebooks' runs names the CPU (their lessons measure cores): none leaves
+    a worker to a GPU, so no run compares GPU workers with CPU workers; without GPUs no flag is added."""
     monkeypatch.setenv("LABKIT_GPUS", gpus)
     monkeypatch.setenv("LABKIT_PROFILE", profile)
     monkeypatch.setenv("LABKIT_CORES", "16")
-    monkeypatch.setattr(scaling, "launch", fake_launch)
     scaling.run([int(n) for n in nps.split(",")], progress=False, launcher="gloo")
-    devices = {args[args.index("--device") + 1] if "--device" in args else None for args in calls}
-    assert devices == {flag}, calls
+    assert _devices(launches) == {flag}, launches
 
 
 def test_cli_refuses_gpu_workers_a_node_cannot_hold(monkeypatch, capsys):
@@ -286,17 +281,11 @@ def test_cli_refuses_gpu_workers_a_node_cannot_hold(monkeypatch, capsys):
 
 @pytest.mark.parametrize("gpus, nps, device", [("8", "1,2,4,8", "gpu"), ("1", "1", "gpu"), ("4", "1,8", "cpu"),
                                                ("0", "1,2", None)])
-def test_labkit_scale_puts_workers_on_gpus_whatever_the_profile(monkeypatch, gpus, nps, device):
-    """`labkit scale` in an sbatch on a GPU node (workshop profile by default): one GPU per worker where each has one."""
-    calls = []
-
-    def fake_launch(n, args, **kw):
-        calls.append(list(args))
-        return [_fake_rank(r, n, [10.0, 10.0], "c") for r in range(n)]
-
-    monkeypatch.setattr(scaling, "launch", fake_launch)
+def test_labkit_scale_puts_workers_on_gpus_whatever_the_profile(monkeypatch, launches, gpus, nps, device):
+    """`labkit scale` in an sbatch on a GPU node (workshop profile by default): one GPU per worker where each
+    has one."""
     monkeypatch.setenv("LABKIT_GPUS", gpus)
     monkeypatch.setenv("LABKIT_CORES", "16")
     monkeypatch.delenv("LABKIT_PROFILE", raising=False)
     assert scaling.cli_main(["--np", nps, "--quiet", "--launcher", "gloo"]) == 0
-    assert {args[args.index("--device") + 1] if "--device" in args else None for args in calls} == {device}
+    assert _devices(launches) == {device}
