@@ -3,6 +3,7 @@
     check_int(batch_size, "batch_size", minimum=1)              -> "batch_size must be an int >= 1; got 0"
     check_number(timeout, "timeout", above=0)                   -> "timeout must be a finite number > 0; got nan"
     check_ints(workers, "workers", minimum=1)                   -> "workers must be a non-empty list of ints >= 1; ..."
+    check_choice(launcher, "launcher", ("gloo", "mpi"))         -> "launcher must be 'gloo' or 'mpi'; got 'tcp'"
 
 bool is refused where a number is asked for (True is an int to Python, never to a learner); numpy integers and
 floats are accepted and returned as Python int / float. After scikit-learn's `check_scalar`.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check_int", "check_ints", "check_number"]
+__all__ = ["check_choice", "check_int", "check_ints", "check_number"]
 
 
 def _bounds(minimum=None, maximum=None, above=None, below=None) -> str:
@@ -43,6 +44,13 @@ def check_number(value, name: str, *, minimum=None, maximum=None, above=None, be
         bounds = _bounds(minimum, maximum, above, below)
         raise ValueError(f"{name} must be a finite number{' ' + bounds if bounds else ''}; got {value!r}")
     return float(value)
+
+
+def check_choice(value, name: str, choices):
+    """value, when it is one of choices; else one ValueError line naming the parameter and every choice."""
+    if value not in choices:
+        raise ValueError(f"{name} must be {', '.join(map(repr, choices[:-1]))} or {choices[-1]!r}; got {value!r}")
+    return value
 
 
 def check_ints(values, name: str, *, minimum=None, maximum=None) -> list[int]:

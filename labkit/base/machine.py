@@ -58,22 +58,28 @@ def cgroup_cpu_limit(root: Path | str = _CGROUP_ROOT) -> float | None:
         return None
 
 
-CORES_ENV, MEMORY_ENV = "LABKIT_CORES", "LABKIT_MEMORY"
+CORES_ENV, MEMORY_ENV, GPUS_ENV = "LABKIT_CORES", "LABKIT_MEMORY", "LABKIT_GPUS"
+
+
+def _env_count(name: str, unit: str, minimum: int, example: int) -> int | None:
+    """The whole number in environment variable `name`, None where it is unset or empty; ValueError naming it
+    when it is not a whole number >= minimum."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < minimum:
+        raise ValueError(f"{name} must be a whole number of {unit} >= {minimum}, such as {example}; got {text!r}")
+    return int(text)
 
 
 def cores() -> int:
     """CPU cores this process may use: its affinity mask, capped by its cgroup's CPU quota (rounded up), or
     LABKIT_CORES where set (fewer, to be polite on a shared node; or more, to ask what labkit would plan there).
     (00_welcome)"""
-    override = os.environ.get(CORES_ENV, "").strip()
-    if override:
-        if not override.isdigit() or int(override) < 1:
-            raise ValueError(f"{CORES_ENV} must be a whole number of cores >= 1, such as 8; got {override!r}")
-        return int(override)
-    return _usable_cores()
+    override = _env_count(CORES_ENV, "cores", 1, 8)
+    return _usable_cores() if override is None else override
 
 
-GPUS_ENV = "LABKIT_GPUS"
 _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the NVIDIA driver runs (Linux)
 
 
@@ -82,11 +88,9 @@ def gpus(driver_dir: Path | str = _NVIDIA_GPUS) -> int:
     labkit would do on a GPU node); else CUDA_VISIBLE_DEVICES' entries up to the first invalid one, as CUDA
     reads it; else the driver's count; 0 without a driver (macOS, a CPU node). Whether TensorFlow can use them
     (its CUDA build) is `labkit doctor`'s to say."""
-    override = os.environ.get(GPUS_ENV, "").strip()
-    if override:
-        if not override.isdigit():
-            raise ValueError(f"{GPUS_ENV} must be a whole number of GPUs >= 0, such as 4; got {override!r}")
-        return int(override)
+    override = _env_count(GPUS_ENV, "GPUs", 0, 4)
+    if override is not None:
+        return override
     driver = Path(driver_dir)
     present = len(list(driver.iterdir())) if driver.is_dir() else 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -95,7 +99,7 @@ def gpus(driver_dir: Path | str = _NVIDIA_GPUS) -> int:
     count = 0
     for entry in visible.split(","):
         entry = entry.strip()
-        if not entry or entry.startswith("-") or not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
             break  # CUDA stops at the first entry it cannot read ("-1" hides every GPU)
         count += 1
     return min(count, present)

@@ -295,10 +295,6 @@ def interconnect_table():
                          for link in INTERCONNECTS.values()]).set_index("link")
 
 
-def _check_batch(batch_size):
-    return check_int(batch_size, "batch_size", minimum=1)
-
-
 def layer_roofline(report, device, batch_size: int = 1, precision: str = "fp32"):
     """Per-layer forward roofline at a batch size: FLOPs, bytes, arithmetic intensity, time and the bound.
 
@@ -309,7 +305,7 @@ def layer_roofline(report, device, batch_size: int = 1, precision: str = "fp32")
 
     device = get_device(device)
     _check_precision(precision)
-    _check_batch(batch_size)
+    check_int(batch_size, "batch_size", minimum=1)
     bpv = 2 if precision == "fp16" else 4
     peak, bandwidth = device.peak_flops(precision), device.bandwidth_gbs * 1e9
     rows = []

@@ -24,10 +24,6 @@ MiB = 2**20
 FUSION_THRESHOLD = 128 * MiB
 
 
-def _check_nonnegative(name, value):
-    check_number(value, name, minimum=0)
-
-
 # ----------------------------------------------------------------------------------------------
 # 1. the ring-allreduce cost model
 
@@ -39,7 +35,7 @@ def ring_allreduce_time(n_bytes, p: int, alpha: float, beta: float, gamma: float
     """
     check_int(p, "p", minimum=1)  # workers
     for name, value in (("alpha", alpha), ("beta", beta), ("gamma", gamma)):
-        _check_nonnegative(name, value)
+        check_number(value, name, minimum=0)
     if np.any(np.asarray(n_bytes) < 0):
         raise ValueError("n_bytes must be >= 0")
     if p == 1:

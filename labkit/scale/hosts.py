@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from labkit.base.checks import check_int
+from labkit.base.checks import check_choice, check_int
 
 
 def slurm_hosts(env=None) -> list[str]:
@@ -84,6 +84,14 @@ def _on_this_machine(hosts, env) -> bool:
     return all(entry.rpartition(":")[0] in here for entry in parse_hosts(hosts))
 
 
+LAUNCHERS = ("auto", "gloo", "mpi", "srun")  # auto: choose_launcher's choice
+
+
+def check_launcher(value, name: str = "launcher") -> str:
+    """value, when it is one of LAUNCHERS; else ValueError naming `name`."""
+    return check_choice(value, name, LAUNCHERS)
+
+
 def choose_launcher(launcher: str = "auto", hosts=None, env=None, env_extra=None) -> tuple[str, dict, str]:
     """(launcher, settings, note) of a launch. "auto" becomes "mpi" (mpirun) with FAST_MPI_SETTINGS, less any
     the caller set in env (default os.environ) or env_extra, where Horovod was built with MPI and every rank
@@ -91,8 +99,7 @@ def choose_launcher(launcher: str = "auto", hosts=None, env=None, env_extra=None
     launcher stays as given, with no settings. note: one line saying which controller, with which
     settings, and how to choose another."""
     from labkit.scale import mpi
-    if launcher not in ("auto", "gloo", "mpi", "srun"):
-        raise ValueError(f"launcher must be 'auto', 'gloo', 'mpi' or 'srun'; got {launcher!r}")
+    check_launcher(launcher, "launcher")
     env = os.environ if env is None else env
     theirs = {**{k: env[k] for k in FAST_MPI_SETTINGS if k in env}, **(env_extra or {})}
     if launcher == "mpi":

@@ -37,6 +37,7 @@ from labkit.scale.horovod_info import horovodrun_path
 from labkit.scale.hosts import (  # noqa: F401  (where the ranks run: the launcher's inputs)
     FAST_MPI_SETTINGS,
     NODE_PREFIX,
+    check_launcher,
     choose_launcher,
     core_binding,
     launch_problem,
@@ -80,10 +81,8 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
     compute threads per rank, for mpirun's placement (core_binding).
     """
     check_int(np_, "np", minimum=1)
-    if launcher == "auto":
+    if check_launcher(launcher, "launcher") == "auto":
         launcher = choose_launcher(launcher, hosts, env)[0]
-    elif launcher not in ("gloo", "mpi", "srun"):
-        raise ValueError(f"launcher must be 'auto', 'gloo', 'mpi' or 'srun'; got {launcher!r}")
     python = python or sys.executable
     worker = [python, "-m", module, *map(str, script_args)]
     if launcher == "srun":
