@@ -190,8 +190,8 @@ def _cifar10_check(report: Report) -> Check:
     problem = config.data_dir_problem()
     if problem:  # a bad setting is said as such, never as "not found"
         report.info["cifar10"] = None
-        return Check("LABKIT_DATA", False, problem.split(";")[0], "point LABKIT_DATA at a folder "
-                     "(export LABKIT_DATA=~/labkit-data) or unset it")
+        what, fix = problem.rsplit("; ", 1)  # data_dir_problem's line: what is wrong; how to fix it
+        return Check("LABKIT_DATA", False, what, fix)
     where = cifar10.find_cifar10() or cifar10._find_archive()
     report.info["cifar10"] = str(where) if where else None
     if where is None:

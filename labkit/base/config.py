@@ -69,7 +69,7 @@ def data_dir_problem() -> str | None:
     if where is None or not os.path.lexists(where) or where.is_dir():
         return None
     return (f"LABKIT_DATA={env} is not a folder (a file, a broken link or a symlink loop), so no data set can be "
-            "found or kept there; point it at a folder (export LABKIT_DATA=~/labkit-data) or unset it")
+            "found or kept there; point LABKIT_DATA at a folder (export LABKIT_DATA=~/labkit-data) or unset it")
 
 
 def check_data_dir() -> Path:

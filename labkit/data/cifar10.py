@@ -56,13 +56,15 @@ def _candidate_dirs(data_dir=None, check: bool = True) -> list[Path]:
     return dirs
 
 
+def _batches_in(folder: Path) -> Path | None:
+    """folder's extracted CIFAR-10 batches (cifar-10-batches-py/ with data_batch_1 and test_batch), or None."""
+    batches = Path(folder) / CIFAR10_DIRNAME
+    return batches if (batches / "data_batch_1").is_file() and (batches / "test_batch").is_file() else None
+
+
 def find_cifar10(data_dir=None) -> Path | None:
     """The first place holding extracted CIFAR-10 batches: data_dir, $LABKIT_DATA, the Keras cache."""
-    for d in _candidate_dirs(data_dir):
-        batches = d / CIFAR10_DIRNAME
-        if (batches / "data_batch_1").is_file() and (batches / "test_batch").is_file():
-            return batches
-    return None
+    return next((b for b in map(_batches_in, _candidate_dirs(data_dir)) if b is not None), None)
 
 
 def _find_archive(data_dir=None) -> Path | None:
@@ -203,7 +205,7 @@ def _extract(archive: Path, expected_md5: str | None = None) -> Path:
         raise CorruptDataError(f"{archive} is truncated or corrupted: its MD5 is {got}, expected {expected}. "
                                + _fix_hint(archive.parent))
     target = archive.parent / CIFAR10_DIRNAME
-    if target.exists() and find_cifar10(archive.parent) != target:
+    if target.exists() and _batches_in(archive.parent) is None:
         raise CorruptDataError(f"{target} exists but lacks data_batch_1..5 or test_batch (an interrupted copy?). "
                                f"Delete that folder; labkit will extract {archive.name} again.")
     tmp = Path(tempfile.mkdtemp(prefix=".cifar10-", dir=archive.parent))

@@ -22,7 +22,7 @@ from labkit.base.checks import check_int
 from labkit.base.pixels import MEAN, STD, normalize  # noqa: F401  (labkit.data is where notebooks look for them)
 from labkit.data.cifar10 import (  # noqa: F401  (re-exported: labkit.data is where notebooks look for them)
     _ARCHIVE_NAMES, CIFAR10_ARCHIVE, CIFAR10_CLASSES, CIFAR10_DIRNAME, CIFAR10_FILES, CIFAR10_MD5, CIFAR10_URL,
-    CorruptDataError, _candidate_dirs, _extract, _find_archive, _read_batches, cifar10_available, cifar10_problem,
+    CorruptDataError, _batches_in, _candidate_dirs, _extract, _find_archive, _read_batches, cifar10_available, cifar10_problem,
     fetch_cifar10, find_cifar10, load_cifar10, md5)
 
 SYNTHETIC_CLASSES = ("disc", "ring", "square", "frame", "triangle", "plus", "cross", "h-stripes",
@@ -258,14 +258,14 @@ def cli_main(argv: list[str]) -> int:
     if args.action == "where":
         print(config.describe())
         for d in _candidate_dirs(check=False):
-            batches, archives = d / CIFAR10_DIRNAME, [d / a for a in _ARCHIVE_NAMES if (d / a).is_file()]
-            extracted = (batches / "data_batch_1").is_file() and (batches / "test_batch").is_file()
-            found = "extracted" if extracted else f"archive {archives[0].name}" if archives else "nothing"
+            archives = [d / a for a in _ARCHIVE_NAMES if (d / a).is_file()]
+            found = "extracted" if _batches_in(d) else f"archive {archives[0].name}" if archives else "nothing"
             if os.path.lexists(d) and not d.is_dir():  # a file, a dangling link or a symlink loop
                 found = "not a folder" + (" (LABKIT_DATA points here)" if d == config.data_dir() else "")
             print(f"  {d}: {found}")
-        if config.data_dir_problem():
-            print(f"load_dataset() stops with an error: {config.data_dir_problem()}")
+        problem = config.data_dir_problem()
+        if problem:
+            print(f"load_dataset() stops with an error: {problem}")
             return 1
         batches = find_cifar10() or _find_archive()
         problem = cifar10_problem() if batches else None
