@@ -7,17 +7,20 @@ the old content); any failure (disk full, kill -9, an exception) leaves the prev
 `replacing` / `replacing_path` are the two doors (an open file, or a path for a library that writes by name);
 write_text, write_json, write_notebook are built on them. `check_space` reserves the bytes a
 file will need before the compute starts, so a full disk is reported first, not after the run.
-The temporary file is `.NAME.p<pid>.<random>.tmp<suffix>`: removed on every exit Python sees, and one left by a
-kill -9 is removed by the next write of NAME once its writer's pid is gone or it is over an hour old.
+The temporary file is `.NAME.p<pid>@<host>.<random>.tmp<suffix>`: removed on every exit Python sees, and one left
+by a kill -9 is removed by the next write of NAME once its writer's pid is gone from this host or it is over an
+hour old (a writer on another host sharing the drive is judged by age alone).
 A lock file is removed by its holder when the write is done, so none accumulate.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import json
 import os
 import re
+import socket
 import stat
 import tempfile
 import time
@@ -26,7 +29,9 @@ from pathlib import Path
 LOCK_TIMEOUT_S = 60.0  # how long a writer waits for another process's merge before it refuses
 RESULTS_RESERVE_BYTES = 64 * 1024  # a results or JSON file of labkit's: the old and the new copy side by side
 STALE_TEMP_S = 3600.0  # a temporary file this old whose writer cannot be told is a leftover
-_TEMP_PID = re.compile(r"p(\d+)\.[^.]+\.(?:tmp|space)")  # after ".NAME."
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname().split(".")[0]) or "host"
+_WRITER = f"p{{pid}}@{_HOST}"  # names a temporary file's writer: its pid and host
+_TEMP_WRITER = re.compile(r"p(\d+)@([A-Za-z0-9_-]+)\.[^.]+\.(?:tmp|space)")  # after ".NAME."
 
 
 # ----------------------------------------------------------------------------- the one writer
@@ -69,10 +74,13 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _writer_gone(name: str, age_s: float) -> bool:
-    """True when a temp file (name: what follows ".TARGET.") is over STALE_TEMP_S old or its writer pid is gone."""
-    match = _TEMP_PID.match(name)
-    if age_s > STALE_TEMP_S or match is None:
-        return age_s > STALE_TEMP_S
+    """True when a temp file (name: what follows ".TARGET.") is over STALE_TEMP_S old, or its writer was a
+    process of this host that is gone (another host's pids cannot be asked here)."""
+    if age_s > STALE_TEMP_S:
+        return True
+    match = _TEMP_WRITER.match(name)
+    if match is None or match.group(2) != _HOST:
+        return False
     try:
         os.kill(int(match.group(1)), 0)
     except ProcessLookupError:
@@ -85,7 +93,8 @@ def _writer_gone(name: str, age_s: float) -> bool:
 def sweep_stale_temps(target: Path) -> None:
     """Remove the temporary files a killed writer of target left beside it (see the module's docstring)."""
     now = time.time()
-    for pattern in (f".{target.name}.*.tmp{target.suffix}", f".{target.name}.*.space"):
+    name, suffix = glob.escape(target.name), glob.escape(target.suffix)  # a name with [ or * is matched as written
+    for pattern in (f".{name}.*.tmp{suffix}", f".{name}.*.space"):
         for old in target.parent.glob(pattern):
             try:
                 if _writer_gone(old.name[len(target.name) + 2:], now - old.lstat().st_mtime):
@@ -111,7 +120,7 @@ def replacing_path(path, *, follow_symlinks: bool = True):
         raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
     sweep_stale_temps(target)
     # the target's extension last: writers that pick a format by it (Keras' .h5) see the right one
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.p{os.getpid()}.",
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{_WRITER.format(pid=os.getpid())}.",
                                 suffix=f".tmp{target.suffix}")
     tmp = Path(name)
     try:
@@ -172,7 +181,8 @@ def check_space(path, nbytes: int, name: str = "path") -> None:
     unwritable folder is a ValueError naming `name` now, before the compute, not after it."""
     target = target_of(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.p{os.getpid()}.", suffix=".space")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{_WRITER.format(pid=os.getpid())}.",
+                                   suffix=".space")
     except OSError as err:
         raise ValueError(f"{name}: cannot write {path} ({err.strerror or err})") from None
     try:

@@ -194,22 +194,34 @@ def test_a_killed_writers_temp_files_are_swept_on_the_next_write(tmp_path):
     writer's pid is gone or it is over an hour old, and leaves a live writer's temp file alone."""
     target = tmp_path / "sweep.jsonl"
     old_style = tmp_path / ".sweep.jsonl.k3x9q1.tmp.jsonl"  # the name before the pid was in it: by age only
-    dead = tmp_path / f".sweep.jsonl.p{dead_pid()}.a1b2c3.tmp.jsonl"
-    live = tmp_path / f".sweep.jsonl.p{os.getpid()}.d4e5f6.tmp.jsonl"
+    host = resultsfile._HOST
+    dead = tmp_path / f".sweep.jsonl.p{dead_pid()}@{host}.a1b2c3.tmp.jsonl"
+    live = tmp_path / f".sweep.jsonl.p{os.getpid()}@{host}.d4e5f6.tmp.jsonl"
+    # a writer on another host sharing the drive: its pid means nothing here, so its age decides
+    elsewhere = tmp_path / f".sweep.jsonl.p{dead_pid()}@{host}x.g7h8i9.tmp.jsonl"
     young = tmp_path / ".sweep.jsonl.r7t8y9.tmp.jsonl"
     other = tmp_path / ".other.jsonl.x1.tmp.jsonl"  # another file's: not this write's business
-    for p in (old_style, dead, live, young, other):
+    for p in (old_style, dead, live, elsewhere, young, other):
         p.write_text("partial")
     two_hours_ago = time.time() - 7200
     os.utime(old_style, (two_hours_ago, two_hours_ago))
     os.utime(other, (two_hours_ago, two_hours_ago))
     resultsfile.write_text(target, "new\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name, young.name, other.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name, elsewhere.name, young.name,
+                                                                  other.name])
+
+
+def test_a_name_with_glob_characters_has_its_temp_files_swept(tmp_path):
+    target = tmp_path / "run[1].json"
+    dead = tmp_path / f".run[1].json.p{dead_pid()}@{resultsfile._HOST}.a1b2c3.tmp.json"
+    dead.write_text("partial")
+    resultsfile.write_text(target, "{}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
 
 
 def test_the_temp_file_names_its_writers_pid(tmp_path):
     with resultsfile.replacing_path(tmp_path / "w.h5") as tmp:
-        assert tmp.name.startswith(f".w.h5.p{os.getpid()}.") and tmp.name.endswith(".tmp.h5")
+        assert tmp.name.startswith(f".w.h5.p{os.getpid()}@{resultsfile._HOST}.") and tmp.name.endswith(".tmp.h5")
 
 
 def test_lock_files_do_not_accumulate(tmp_path):
