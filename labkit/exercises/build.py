@@ -273,11 +273,13 @@ def build(out_dir, source=None, force: bool = False) -> list[Path]:
     written, mine = [], _manifest(out_dir)
     for name, data in rendered.items():
         target = out_dir / name
-        # the manifest first names both contents: a failure at either write leaves it agreeing with the file
-        mine[name] = [*mine.get(name, [])[-1:], _sha256(data)]
+        # the manifest first names every content the file may hold (after builds stopped mid-write, any of
+        # them) and the new one: a failure at either write leaves it agreeing with the file
+        digest = _sha256(data)
+        mine[name] = list(dict.fromkeys([*mine.get(name, []), digest]))
         resultsfile.write_json(out_dir / MANIFEST, {"written": mine}, follow_symlinks=False)
         resultsfile.write_bytes(target, data, follow_symlinks=False)  # a link in the way is replaced, not followed
-        mine[name] = [_sha256(data)]
+        mine[name] = [digest]
         written.append(target)
     resultsfile.write_json(out_dir / MANIFEST, {"written": mine}, follow_symlinks=False)
     return written

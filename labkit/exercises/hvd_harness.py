@@ -15,8 +15,8 @@ way of writing it is judged by its effect:
   compile: the optimizer (class, Horovod's or not, legacy or Keras 2.11+'s), its learning rate (a schedule:
            its first values);
   fit:     the callbacks (Horovod's are named), steps per epoch, verbose, the first batches' examples
-           (a hash per image), the weights' checksum after the first step and at the end, the steps begun and
-           run, the learning rate at each of the first steps, the metrics each epoch ends with;
+           (a hash per image), the weights' checksum after the first step and at the end, the steps begun,
+           the learning rate at each of the first steps, the metrics each epoch ends with;
   save / save_weights / tf.train.Checkpoint: the files each rank writes.
 Whether the script imported Horovod, called hvd.init() (hvd.rank(), hvd.size(), hvd.local_size()) and how it
 failed (the error's line that names the cause) are recorded too. Each rank is told it runs on a node of its
@@ -139,16 +139,17 @@ def _one_node_per_rank():
         module.cross_rank, module.cross_size = hvd_tf.rank, hvd_tf.size
 
 
-def _join() -> int | None:
+def _join() -> None:
     """hvd.join() when Horovod is up: wait until every rank has finished the script (a rank still inside a collective
-    gets an answer meanwhile); the rank that joined last, or None."""
+    gets an answer meanwhile)."""
     if "horovod.tensorflow" not in sys.modules:
-        return None
+        return
     import horovod.tensorflow as hvd
     try:
-        return int(hvd.join()) if hvd.is_initialized() else None
+        if hvd.is_initialized():
+            hvd.join()
     except Exception:  # a script that shut Horovod down itself
-        return None
+        pass
 
 
 def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool = False, first: bool = True) -> dict:
@@ -193,7 +194,7 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
         restore_setup()
     record["wall_s"] = time.perf_counter() - t0
     record.update(_horovod_state())
-    record["last_joined"] = _join()
+    _join()
     record.update(watcher.rec)
     record["new_files"] = sorted(str(p.relative_to(workdir)) for p in set(workdir.rglob("*")) - before)
     return record

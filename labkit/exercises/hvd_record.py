@@ -18,8 +18,6 @@ NUDGE = 1e-3  # relative size of the rank-dependent nudge given to each trainabl
 LR_CURVE = 64  # steps at which a learning-rate schedule's values are recorded
 
 
-
-
 def imports_horovod(source: str) -> bool:
     """Whether the script's source imports horovod (any of its modules)."""
     try:
@@ -137,7 +135,6 @@ def _watch(rec: dict):
                 rec["lr_steps"].append(_lr_value(self.model.optimizer, len(rec["lr_steps"])))
 
         def on_train_batch_end(self, batch, logs=None):
-            rec["steps_run"] += 1
             if rec["checksum_first_step"] is None:
                 rec["checksum_first_step"] = _checksum(self.model)
 
@@ -156,7 +153,7 @@ class Recorder:
     def __init__(self, rank: int):
         self.rank = rank
         self.rec = {"compile": [], "fit": [], "saves": [], "batches": [], "lr_steps": [], "steps_begun": 0,
-                    "steps_run": 0, "checksum_first_step": None, "checksum_end": None, "epoch_logs": []}
+                    "checksum_first_step": None, "checksum_end": None, "epoch_logs": []}
         self._undo = []
         self._created = 0  # weights nudged so far: each its own random stream
 

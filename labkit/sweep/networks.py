@@ -378,7 +378,7 @@ def cli_main(argv: list[str]) -> int:
               file=sys.stderr)
         return 130
     except sweep.ResultsNotSaved as err:  # the results it trained were printed as JSON lines first
-        _fail(str(err))
+        print(f"labkit sweep: {err}", file=sys.stderr)
         return 1
     _print_results(run)
     return 1 if run.failed else 0

@@ -188,17 +188,14 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
         todo = todo[:max_new]
     run = SweepRun(records=[], out=out, num_workers=num_workers, threads_per_worker=threads, skipped=skipped)
     bar = _bar(len(configs), num_workers, skipped) if progress else None
-    unsaved = []
 
     def land(rec):
         # merged under the results file's lock: records another sweep wrote to out meanwhile are kept
         try:
             merged = merge_records(out, [rec])
-        except OSError as err:  # the trained result is not lost: said with the file's name, printed, kept
-            unsaved.append(rec)
-            done[rec["key"]] = rec
+        except OSError as err:  # the trained result is not lost: said with the file's name, printed first
             print(json.dumps(rec, sort_keys=True), file=sys.stderr, flush=True)
-            raise ResultsNotSaved(out, err, unsaved) from None
+            raise ResultsNotSaved(out, err, [rec]) from None
         for m in merged:
             done[m["key"]] = m
         run.ran += 1

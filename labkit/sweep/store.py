@@ -57,10 +57,9 @@ class ResultsNotSaved(OSError):
     file; .records holds the results not saved, which were also printed on stderr as JSON lines."""
 
     def __init__(self, path, err: OSError, records: list):
-        super().__init__(err.errno, f"could not write {path} ({err.strerror or err}); {len(records)} trained "
-                                    "result(s) not saved there were printed above as JSON lines (add them to the "
-                                    "file once there is room)")
-        self.records = records
+        super().__init__(f"could not write {path} ({err.strerror or err}); {len(records)} trained result(s) not "
+                         "saved there were printed above as JSON lines (add them to the file once there is room)")
+        self.errno, self.records = err.errno, records  # str(self) is the line alone, with no "[Errno N]" before it
 
 
 def check_writable(path) -> None:

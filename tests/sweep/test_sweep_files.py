@@ -1,6 +1,7 @@
 """The sweep's results file: two sweeps on one file keep every record; refusals before any training."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -175,6 +176,7 @@ def test_a_result_that_cannot_be_written_is_printed_and_kept(tmp_path, monkeypat
         with pytest.raises(store.ResultsNotSaved, match=str(out)) as err:
             runner.run_sweep([{"i": 7}], _toy, out, tensorflow=False, warmup=False, progress=False)
         assert [r["accuracy"] for r in err.value.records] == [0.75]
+        assert err.value.errno == errno.ENOSPC and str(err.value).startswith(f"could not write {out} (")
         printed = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
         assert [(r["config"], r["accuracy"], r["memory_bytes"]) for r in printed] == [({"i": 7}, 0.75, 107)]
         assert out.read_bytes() == before
