@@ -286,7 +286,7 @@ def shapes_table(args) -> int:
         if args.profile:
             cmd += ["--profile", args.profile]
         env = {**os.environ, "LABKIT_STRICT_OBSERVATIONS": "0"}
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)  # its stderr (a failure) shown as is
         print(done.stdout, end="", flush=True)
         failed |= done.returncode != 0
         for line in done.stdout.splitlines():
@@ -338,10 +338,10 @@ def _in_box(box: Box, args, memory: int) -> int:
                   f"{path.name:<28} FAILED ({what})", flush=True)
             continue
         peak = box.peak()
-        not_held = len(log.read_text().splitlines()) if log.exists() else 0
+        not_held = log.read_text().splitlines() if log.exists() else []
         print(f"{path.name:<28} {elapsed:>8.1f} s {(peak or 0) / 2**20:>6.0f} MiB "
-              f"{rss / 2**20:>6.0f} MiB {pss / 2**20:>6.0f} MiB {not_held:>9}", flush=True)
-        for line in (log.read_text().splitlines() if log.exists() else []):
+              f"{rss / 2**20:>6.0f} MiB {pss / 2**20:>6.0f} MiB {len(not_held):>9}", flush=True)
+        for line in not_held:
             print(f"    {line}", flush=True)
     shutil.rmtree(logs, ignore_errors=True)
     os.environ.pop("LABKIT_OBSERVATIONS_LOG", None)

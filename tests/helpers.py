@@ -120,7 +120,23 @@ def running_lab(home: Path, token: str, env=None, timeout: float = 90, stdout=No
                 proc.wait()
 
 
-# scaling.run / run_paired stand-ins (tests/scale/test_localscale.py, tests/deepdive/test_exchange.py)
+# stand-ins for scaling's launches: a rank's result and scaling.launch (tests/scale), scaling.run / run_paired
+# (tests/scale/test_localscale.py, tests/deepdive/test_exchange.py)
+def fake_rank(rank, size, ips, checksum, final_loss=1.0):
+    """One rank's result as hvd_train prints it: images/s per repeat `ips`, weights checksum `checksum`."""
+    return {"rank": rank, "size": size, "batch_size": 8, "global_batch_size": 8 * size,
+            "images_per_sec_repeats": ips, "step_time_s": 0.1, "final_loss": final_loss, "checksum": checksum,
+            "threads": 1, "model": "small_cnn", "data": "synthetic", "sync": True}
+
+
+def fake_launch(calls):
+    """scaling.launch stand-in: records (n, args, kw) in calls; each of the n ranks answers with fake_rank."""
+    def launch(n, args, **kw):
+        calls.append((n, list(args), kw))
+        return [fake_rank(r, n, [10.0, 10.0], "c") for r in range(n)]
+    return launch
+
+
 def fake_run(step_ms):
     """scaling.run stand-in: step_ms(np, sync, batch) -> step time; images/s from it, one row per np."""
     import pandas as pd
@@ -187,6 +203,21 @@ def fill(folder: Path) -> None:
         except OSError as err:
             assert err.errno == errno.ENOSPC
     assert os.statvfs(folder).f_bavail == 0
+
+
+def refused_on_a_full_disk(tmp_path, capsys, name, flag, main) -> None:
+    """main(path) (a CLI's exit code) with path `name` holding good results on a small tmpfs, full: exit 2, one
+    stderr line naming flag and "No space left", and the file byte for byte as it was."""
+    from labkit.base import resultsfile
+    with small_tmpfs(tmp_path / "disk") as disk:
+        target = disk / name
+        resultsfile.write_json(target, {"runs": "the good ones of an earlier run"})
+        before = target.read_bytes()
+        fill(disk)
+        assert main(target) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and flag in err and "No space left" in err
+        assert target.read_bytes() == before
 
 
 def one_line(proc, *words, code=2):

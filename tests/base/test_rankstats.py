@@ -2,6 +2,7 @@
 
 A checksum that skipped one array (the last, say: `weights[:-1]`) would call two ranks in sync whose last layer
 differs; these tests change one array at a time, the last included, and one layer of a real Keras model.
+Also rankstats.summarize_times: a rank's images/s per repeat block.
 """
 import numpy as np
 import pytest
@@ -46,3 +47,22 @@ def test_only_the_last_dense_layer_of_a_keras_model_changed():
         assert rankstats.weights_checksum([w.numpy() for w in model.trainable_weights]) != before, v.name
         v.assign(saved)
     assert rankstats.weights_checksum([v.numpy() for v in model.trainable_weights]) == before
+
+
+def test_checksum_sees_a_one_ulp_change():
+    w = [np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), np.ones(4, np.float32)]
+    same = [a.copy() for a in w]
+    assert rankstats.weights_checksum(w) == rankstats.weights_checksum(same)
+    same[0][1, 2] = np.nextafter(same[0][1, 2], np.float32(2))
+    assert rankstats.weights_checksum(w) != rankstats.weights_checksum(same)
+    assert rankstats.weights_checksum([w[0].reshape(4, 3), w[1]]) != rankstats.weights_checksum(w)  # shape counts
+
+
+def test_summarize_times_per_repeat_blocks():
+    # 2 repeats of 2 steps, batch 10: blocks take 0.2 s and 0.4 s -> 100 and 50 images/s
+    s = rankstats.summarize_times([0.1, 0.1, 0.2, 0.2], batch_size=10, steps=2)
+    assert s["images_per_sec_repeats"] == pytest.approx([100.0, 50.0])
+    assert s["images_per_sec"] == pytest.approx(75.0)
+    assert s["images_per_sec_std"] == pytest.approx(np.std([100, 50], ddof=1))
+    with pytest.raises(ValueError, match="steps"):
+        rankstats.summarize_times([0.1], batch_size=10, steps=2)

@@ -15,7 +15,7 @@ import labkit  # noqa: F401
 import tensorflow as tf
 
 from labkit.data import loading as data
-from labkit.base import rankstats, training
+from labkit.base import training
 from labkit.models import cifar
 
 
@@ -351,25 +351,6 @@ def test_train_step_applies_the_tape_wrapper():
     assert calls and set(calls) == {"GradientTape"}  # called at tracing (again when slots get created)
     with pytest.raises(TypeError, match="tape_wrapper"):
         training.make_train_step(model, None, None, tape_wrapper="hvd")
-
-
-def test_checksum_sees_a_one_ulp_change():
-    w = [np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), np.ones(4, np.float32)]
-    same = [a.copy() for a in w]
-    assert rankstats.weights_checksum(w) == rankstats.weights_checksum(same)
-    same[0][1, 2] = np.nextafter(same[0][1, 2], np.float32(2))
-    assert rankstats.weights_checksum(w) != rankstats.weights_checksum(same)
-    assert rankstats.weights_checksum([w[0].reshape(4, 3), w[1]]) != rankstats.weights_checksum(w)  # shape counts
-
-
-def test_summarize_times_per_repeat_blocks():
-    # 2 repeats of 2 steps, batch 10: blocks take 0.2 s and 0.4 s -> 100 and 50 images/s
-    s = rankstats.summarize_times([0.1, 0.1, 0.2, 0.2], batch_size=10, steps=2)
-    assert s["images_per_sec_repeats"] == pytest.approx([100.0, 50.0])
-    assert s["images_per_sec"] == pytest.approx(75.0)
-    assert s["images_per_sec_std"] == pytest.approx(np.std([100, 50], ddof=1))
-    with pytest.raises(ValueError, match="steps"):
-        rankstats.summarize_times([0.1], batch_size=10, steps=2)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])

@@ -6,23 +6,14 @@ import os
 
 import pytest
 
-from labkit.base import resultsfile
-
-from helpers import fill, labkit_cli, one_line, small_tmpfs  # noqa: E402
+from helpers import labkit_cli, one_line, refused_on_a_full_disk  # noqa: E402
 
 
 def test_conv_bench_json_on_a_full_disk_is_refused_before_the_compute(tmp_path, monkeypatch, capsys):
     from labkit.conv import bench, bench_cli
     monkeypatch.setattr(bench, "conv_bench", lambda **kw: pytest.fail("computed before checking --json"))
-    with small_tmpfs(tmp_path / "disk") as disk:
-        target = disk / "bench.json"
-        resultsfile.write_json(target, {"good": "13 kB of results"})
-        before = target.read_bytes()
-        fill(disk)
-        assert bench_cli.cli_main(["--json", str(target)]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "--json" in err and "No space left" in err
-        assert target.read_bytes() == before
+    refused_on_a_full_disk(tmp_path, capsys, "bench.json", "--json",
+                           lambda target: bench_cli.cli_main(["--json", str(target)]))
 
 
 def test_conv_bench_json_through_a_symlink_updates_the_target(tmp_path, monkeypatch):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -42,23 +41,6 @@ def unwritable(tmp_path) -> Path:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     return blocker / "results.json"
-
-
-@pytest.fixture
-def fake_launchers(tmp_path):
-    """LABKIT_HOROVODRUN and LABKIT_MPIRUN (labkit.scale.horovod_info / labkit.scale.mpi's overrides) pointing at scripts
-    that write their name and arguments into a marker file when run, then exit 1: a launch on either path
-    (horovodrun --gloo, or mpirun, the default on one machine where Horovod has MPI) leaves the marker.
-    `mpirun --version` (how labkit names the MPI) answers as Open MPI does and starts nothing."""
-    marker = tmp_path / "ranks-started"
-    env = {}
-    for name, var in (("horovodrun", "LABKIT_HOROVODRUN"), ("mpirun", "LABKIT_MPIRUN")):
-        exe = tmp_path / name
-        version = 'if [ "$1" = --version ]; then echo "mpirun (Open MPI) 5.0.0"; exit 0; fi\n' if name == "mpirun" else ""
-        exe.write_text(f'#!/bin/sh\n{version}echo "{name} $*" >> {marker}\nexit 1\n')
-        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-        env[var] = str(exe)
-    return env, marker
 
 
 @pytest.mark.parametrize("launcher", ["auto", "gloo"])

@@ -3,6 +3,7 @@ and the notebooks run through in it (01, 04, 05, 07 on 1 CPU; 04 beside a busy c
 
 Needs root and a cgroup memory controller (Linux); skipped with the reason elsewhere.
 """
+import os
 import re
 import subprocess
 import sys
@@ -28,9 +29,11 @@ def _box_name(stdout):
     return re.search(r"\((labkit-box-[\d-]+)\)", stdout).group(1)
 
 
-def _run(*args, timeout=900):
+def _run(*args, timeout=900, env_extra=None):
+    """`python scripts/binder_box.py ARGS` (env_extra over this process's environment); the finished process."""
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "binder_box.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, **env_extra} if env_extra else None)
 
 
 @needs_box
@@ -66,7 +69,6 @@ def test_bad_input_is_one_line_exit_2():
 
 @needs_box
 def test_a_busy_core_spins_in_the_box_and_stops_with_it():
-    import os
     out = _run("--alloc-test", "0.5", "--busy", "1")
     assert out.returncode == 0, out.stdout + out.stderr
     pid = int(re.search(r"busy: 1 spinning process\(es\), pid (\d+)", out.stdout).group(1))
@@ -77,17 +79,15 @@ def test_a_busy_core_spins_in_the_box_and_stops_with_it():
 
 def _in_box(notebook, *box_args):
     """binder_box.py runs `notebook` (quick profile) in a fresh box; observations print there (not the
-    reference shape), so they are not asserted. Returns the notebook's row: name, wall s, box peak MiB, ..."""
-    import os
-    env = {**os.environ, "LABKIT_STRICT_OBSERVATIONS": "0"}
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "binder_box.py"), f"notebooks/{notebook}",
-                          "--profile", "quick", *box_args], capture_output=True, text=True, timeout=1200, cwd=ROOT,
-                         env=env)
+    reference shape), so they are not asserted. Returns binder_box.py's output; its row for the notebook (name,
+    wall s, box peak MiB, ...) is checked here."""
+    out = _run(f"notebooks/{notebook}", "--profile", "quick", *box_args, timeout=1200,
+               env_extra={"LABKIT_STRICT_OBSERVATIONS": "0"})
     assert out.returncode == 0, out.stdout + out.stderr  # top to bottom, no exception
     assert _left_behind(_box_name(out.stdout)) == []
     row = next(line for line in out.stdout.splitlines() if line.startswith(notebook))
     assert 0 < float(row.split()[3]) < 2048, row  # the box's peak (MiB) stayed under Binder's 2 GiB
-    return out.stdout, row
+    return out.stdout
 
 
 # a 1-CPU Binder session: the notebooks that launch workers or time kernels run top to bottom; two workers
@@ -96,14 +96,14 @@ def _in_box(notebook, *box_args):
 @pytest.mark.parametrize("notebook", ["01_cnn_basics.ipynb", "04_horovod_scaling.ipynb", "05_network_sweep.ipynb",
                                       "07_scaling_deep_dive.ipynb"])
 def test_notebook_runs_through_on_one_cpu(notebook):
-    stdout, _ = _in_box(notebook, "--cpus", "1")
+    stdout = _in_box(notebook, "--cpus", "1")
     assert "2.00 GiB memory, 1 CPUs" in stdout
 
 
 @needs_box
 def test_04_runs_through_on_two_cpus_with_one_busy():
     """A laptop with another program spinning on one of its two cores: 04 still runs top to bottom."""
-    stdout, _ = _in_box("04_horovod_scaling.ipynb", "--cpus", "2", "--busy", "1")
+    stdout = _in_box("04_horovod_scaling.ipynb", "--cpus", "2", "--busy", "1")
     assert "2.00 GiB memory, 2 CPUs" in stdout and "busy: 1 spinning process(es)" in stdout
 
 

@@ -148,7 +148,7 @@ def records(tmp_path_factory):
     first = ("not_initialised", "init_too_late", "dropped_option")  # no hvd.init() reached: before the others
     last = ("uneven_steps",)
     scripts = {**BROKEN, **{k: src for k, (_, src) in MORE_BROKEN.items()}, **OTHER, **CORRECT}
-    for name, src in sorted(scripts.items(), key=lambda item: (item[0] not in first) + (item[0] in last)):
+    for name, src in sorted(scripts.items(), key=lambda item: item[0] not in first):  # `last`: moved below
         paths[name] = folder / f"{name}.py"
         paths[name].write_text(src)
     paths["correct"] = check_hvd.REFERENCE

@@ -12,23 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from labkit.base import resultsfile
-
-from helpers import ENV, fill, labkit_cli, one_line, sha, small_tmpfs  # noqa: E402
+from helpers import ENV, fake_rank, labkit_cli, one_line, refused_on_a_full_disk, sha  # noqa: E402
 
 
 def test_localscale_out_on_a_full_disk_is_refused_before_the_runs(tmp_path, monkeypatch, capsys):
     from labkit.scale import localscale
     monkeypatch.setattr(localscale, "controller_cost", lambda *a, **k: pytest.fail("ran before checking --out"))
-    with small_tmpfs(tmp_path / "disk") as disk:
-        target = disk / "controllers.json"
-        resultsfile.write_json(target, {"rows": "committed measurements"})
-        before = target.read_bytes()
-        fill(disk)
-        assert localscale.main(["--out", str(target)]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "--out" in err and "No space left" in err
-        assert target.read_bytes() == before
+    refused_on_a_full_disk(tmp_path, capsys, "controllers.json", "--out",
+                           lambda target: localscale.main(["--out", str(target)]))
 
 
 @pytest.fixture
@@ -37,9 +28,7 @@ def fake_ranks(monkeypatch):
     from labkit.scale import scaling
 
     def ranks(n):
-        return [{"size": n, "batch_size": 8, "global_batch_size": 8 * n, "images_per_sec_repeats": [10.0, 11.0],
-                 "step_time_s": 0.1, "final_loss": 2.0, "checksum": "abc", "threads": 1, "model": "small_cnn",
-                 "data": "synthetic", "sync": True} for _ in range(n)]
+        return [fake_rank(r, n, [10.0, 11.0], "abc", final_loss=2.0) for r in range(n)]
 
     def run(nps, **kw):
         import pandas as pd
@@ -53,16 +42,13 @@ def test_scale_json_on_a_full_disk_is_refused_before_the_launch(tmp_path, capsys
     from labkit.scale import scaling
     monkeypatch.setattr(scaling, "run", lambda *a, **k: pytest.fail("launched before checking --json"))
     monkeypatch.setattr(scaling, "check_memory", lambda *a, **k: None)
-    with small_tmpfs(tmp_path / "disk") as disk:
-        target = disk / "scale.json"
-        resultsfile.write_json(target, {"runs": "the good old ones"})
-        before = target.read_bytes()
-        fill(disk)
+
+    def cli(target):  # scale's CLI refuses by SystemExit
         with pytest.raises(SystemExit) as e:
             scaling.cli_main(["--np", "1", "--json", str(target)])
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and err.count("\n") == 1 and "--json" in err and "No space left" in err
-        assert target.read_bytes() == before
+        return e.value.code
+
+    refused_on_a_full_disk(tmp_path, capsys, "scale.json", "--json", cli)
 
 
 def test_scale_json_through_a_symlink_and_a_hard_link(tmp_path, fake_ranks):
@@ -81,22 +67,17 @@ def test_scale_json_through_a_symlink_and_a_hard_link(tmp_path, fake_ranks):
     assert sha(keep) == before and [r["np"] for r in json.loads(shared.read_text())["runs"]] == [1]
 
 # ================================================================ scale: refused before any launch
-@pytest.fixture
-def fake_horovodrun(tmp_path):
-    marker = tmp_path / "ranks-started"
-    exe = tmp_path / "horovodrun"
-    exe.write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
-    exe.chmod(0o755)
-    return {"LABKIT_HOROVODRUN": str(exe)}, marker
+# fake_launchers (tests/conftest.py): horovodrun and mpirun stand-ins that leave a marker when a launch reaches them
 
 
-def test_more_ranks_than_cores_needs_oversubscribe(fake_horovodrun):
+def test_more_ranks_than_cores_needs_oversubscribe(fake_launchers):
     from labkit.base import machine
-    env, marker = fake_horovodrun
+    env, marker = fake_launchers
     many = str(max(64, machine.cores() + 1))
     t0 = time.perf_counter()
     line = one_line(labkit_cli("scale", "--np", many, env_extra=env), f"--np {many}", "--oversubscribe")
-    assert str(machine.cores()) in line and not marker.exists()
+    assert str(machine.cores()) in line
+    assert not marker.exists(), marker.read_text()
     assert time.perf_counter() - t0 < 60  # said at once, not after the 600 s timeout
 
 
@@ -109,11 +90,11 @@ def test_oversubscribe_lets_the_launch_go(monkeypatch, fake_ranks):
     assert scaling.cli_main(["--np", "2", "--quiet", "--oversubscribe"]) == 0
 
 
-def test_a_batch_that_cannot_fit_in_memory_is_refused_with_the_estimate(fake_horovodrun):
-    env, marker = fake_horovodrun
+def test_a_batch_that_cannot_fit_in_memory_is_refused_with_the_estimate(fake_launchers):
+    env, marker = fake_launchers
     line = one_line(labkit_cli("scale", "--np", "1", "--batch-size", "10000000", env_extra=env),
                     "--batch-size 10000000", "GiB available", "MB of activations per image")
-    assert not marker.exists()
+    assert not marker.exists(), marker.read_text()
     fits = int(re.search(r"Use --batch-size (\d+) or less", line).group(1))
     assert 0 < fits < 10_000_000
 

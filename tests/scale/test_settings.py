@@ -7,6 +7,8 @@ import pytest
 from labkit.scale import hvd_train, scaling
 from labkit.scale.settings import RunSettings
 
+from helpers import fake_launch  # noqa: E402
+
 SHARED = ("model", "batch_size", "steps", "repeats", "warmup_steps", "data", "lr", "lr_warmup_steps", "seed")
 
 
@@ -65,14 +67,7 @@ def test_check_returns_plain_values_and_refuses_bad_worker_counts():
 
 def test_run_takes_a_settings_object_and_keyword_overrides(monkeypatch):
     calls = []
-
-    def fake_launch(n, args, **kw):
-        calls.append((n, list(args), kw))
-        return [{"rank": r, "size": n, "batch_size": 8, "global_batch_size": 8 * n,
-                 "images_per_sec_repeats": [10.0, 10.0], "step_time_s": 0.1, "final_loss": 1.0, "checksum": "c",
-                 "threads": 1, "model": "small_cnn", "data": "synthetic", "sync": True} for r in range(n)]
-
-    monkeypatch.setattr(scaling, "launch", fake_launch)
+    monkeypatch.setattr(scaling, "launch", fake_launch(calls))
     base = RunSettings(batch_size=8, steps=3, timeout=42, progress=False, launcher="gloo")
     scaling.run([1, 2], base, steps=5)
     assert [n for n, _, _ in calls] == [1, 2]
