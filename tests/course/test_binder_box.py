@@ -30,10 +30,19 @@ def _box_name(stdout):
 
 
 def _run(*args, timeout=900, env_extra=None):
-    """`python scripts/binder_box.py ARGS` (env_extra over this process's environment); the finished process."""
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "binder_box.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, **env_extra} if env_extra else None)
+    """`python scripts/binder_box.py ARGS` (env_extra over this process's environment); the finished process.
+    Past the timeout it gets SIGTERM, which it handles like Ctrl-C (its box, busy processes included, removed),
+    then the test fails with what it printed; never a SIGKILL that would leave the box spinning."""
+    with subprocess.Popen([sys.executable, str(ROOT / "scripts" / "binder_box.py"), *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                          env={**os.environ, **env_extra} if env_extra else None) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            out, err = proc.communicate(timeout=60)
+            pytest.fail(f"binder_box.py {' '.join(args)} ran past {timeout} s and was stopped:\n{out}{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @needs_box
@@ -81,7 +90,8 @@ def _in_box(notebook, *box_args):
     """binder_box.py runs `notebook` (quick profile) in a fresh box; observations print there (not the
     reference shape), so they are not asserted. Returns binder_box.py's output; its row for the notebook (name,
     wall s, box peak MiB, ...) is checked here."""
-    out = _run(f"notebooks/{notebook}", "--profile", "quick", *box_args, timeout=1200,
+    # a cell that hangs (a kernel's reply lost under load) fails in 300 s, inside the box's own cleanup
+    out = _run(f"notebooks/{notebook}", "--profile", "quick", "--timeout", "300", *box_args, timeout=1200,
                env_extra={"LABKIT_STRICT_OBSERVATIONS": "0"})
     assert out.returncode == 0, out.stdout + out.stderr  # top to bottom, no exception
     assert _left_behind(_box_name(out.stdout)) == []
