@@ -8,10 +8,11 @@ ARGS  ?=
 # two processes fill both; JOBS=0 runs it in one process (tests/conftest.py says what runs together)
 JOBS  ?= 2
 
-.PHONY: lab test setup refresh lock doctor help
+.PHONY: lab test lint lint-only setup refresh lock doctor help
 help:
 	@echo "make lab      set up .venv if needed and open the course in JupyterLab (127.0.0.1, token)"
-	@echo "make test     set up .venv if needed and run unit tests + every notebook (nbval, quick profile)"
+	@echo "make test     set up .venv if needed and run unit tests (ruff lint among them) + every notebook (nbval, quick profile)"
+	@echo "make lint     ruff check over labkit/, tests/ and scripts/ (the version pinned in requirements.txt)"
 	@echo "make refresh  re-execute every notebook in place (workshop profile) to refresh committed outputs; refuses on a busy machine unless FORCE=1"
 	@echo "make doctor   check the environment"
 	@echo "make lock     regenerate constraints.txt from the current .venv"
@@ -28,6 +29,13 @@ test:
 	@scripts/system-deps.sh
 	@scripts/setup.sh
 	LABKIT_PROFILE=quick $(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder $(ARGS)
+
+# ruff's settings are in pyproject.toml ([tool.ruff]); notebooks are not linted (they teach, and nbval runs them).
+# make test runs the same check as tests/course/test_lint.py
+lint: setup lint-only
+
+lint-only:
+	$(VENV)/bin/ruff check labkit tests scripts
 
 refresh: setup
 	LABKIT_PROFILE=$${LABKIT_PROFILE:-workshop} $(PY) scripts/refresh_notebooks.py $(if $(FORCE),--force)

@@ -76,7 +76,8 @@ def _run_peer(a):
 
 
 def _config(a) -> dict:
-    import labkit  # noqa: F401
+    import labkit  # noqa: F401  (TF's log level, before TensorFlow loads)
+    # isort: split
     import tensorflow as tf
 
     from labkit.base import machine

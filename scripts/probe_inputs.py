@@ -75,8 +75,8 @@ def _import(primary, fallback):
 
 
 def _resume_mismatch(tmp: Path):
-    from labkit.sweep import networks as netsweep
     from labkit import sweep
+    from labkit.sweep import networks as netsweep
 
     cfg = netsweep.network_configs()[0]
     rec = sweep.run_config(lambda c: {"accuracy": 0.5, "memory_bytes": 1000}, cfg, name=netsweep.network_name(cfg),
@@ -95,6 +95,7 @@ def cases():
 
     def predict0():
         import tensorflow as tf
+
         from labkit.base import training
         model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2, activation="softmax")])
         training.predict(model, np.zeros((3, 4), np.float32), batch_size=0)

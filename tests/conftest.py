@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before any test imports TensorFlow)
-
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
 # Observations (labkit.base.observe) are asserted in the suite, not only printed: set at import time, so the

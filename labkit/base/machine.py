@@ -199,8 +199,9 @@ def limit_threads(threads: int, tensorflow: bool = True) -> None:
     except ImportError:  # the environment variables still apply to libraries loaded later
         pass
     if tensorflow:
-        import labkit  # noqa: F401  (TF log level before TF)
         import tensorflow as tf
+
+        import labkit  # noqa: F401  (TF log level before TF)
 
         labkit.quiet()
         tf.config.threading.set_intra_op_parallelism_threads(threads)

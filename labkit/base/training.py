@@ -295,7 +295,7 @@ class LiveProgress(tf.keras.callbacks.Callback):
         for ax, key, label in ((axes[0], "loss", "loss"), (axes[1], "accuracy", "accuracy")):
             col = 1 if key == "loss" else 2
             if len(b):
-                ax.plot(b[:, 0], b[:, col], color="tab:blue", lw=1, alpha=0.6, label=f"train (running)")
+                ax.plot(b[:, 0], b[:, col], color="tab:blue", lw=1, alpha=0.6, label="train (running)")
             if e and key in e[0]:
                 ax.plot([r["epoch"] for r in e], [r[key] for r in e], "o-", color="tab:blue", label="train (epoch)")
             if e and f"val_{key}" in e[0]:

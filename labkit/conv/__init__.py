@@ -7,12 +7,12 @@
 """
 from labkit.conv.numpy_engine import (  # noqa: F401  (the package's API)
     CHUNK_BYTES,
-    ConvGeometry,
     ENGINES,
     MIN_CHUNK_ROWS,
     PADDING_HELP,
     PARALLEL_MIN_ROWS,
     WORKSPACE_BYTES,
+    ConvGeometry,
     blas_threads,
     col2im,
     conv2d_im2col,

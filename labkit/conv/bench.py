@@ -16,12 +16,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from labkit import conv
 from labkit.base import config, machine
 from labkit.base.checks import check_int
-from labkit import conv
-from labkit.conv.shapes import _check_chunk_size
 from labkit.base.timing import Timing, compare, gemm_rate, load_average, timeit  # noqa: F401  (bench.timeit in 02_im2col)
-
+from labkit.conv.shapes import _check_chunk_size
 
 # ----------------------------------------------------------------------------------------------------
 # The conv benchmark: ResNet-50's 3x3 and 1x1 layers

@@ -21,8 +21,17 @@ import threading
 import numpy as np
 
 from labkit.conv.shapes import (  # noqa: F401  (conv.geometry, conv.ConvGeometry: part of this API)
-    CHUNK_BYTES, MIN_CHUNK_ROWS, PADDING_HELP, ConvGeometry, _as_float_array, _check_chunk_size, _check_conv_args,
-    _check_not_empty, _check_rank4, geometry)
+    CHUNK_BYTES,
+    MIN_CHUNK_ROWS,
+    PADDING_HELP,
+    ConvGeometry,
+    _as_float_array,
+    _check_chunk_size,
+    _check_conv_args,
+    _check_not_empty,
+    _check_rank4,
+    geometry,
+)
 
 # with threads=None, worker threads are used only when each gets at least this many rows; smaller
 # problems run as one GEMM on BLAS's own threads (splitting a short matrix only repeats B's packing)

@@ -14,8 +14,8 @@ import hashlib
 import os
 import pickle
 import shutil
-import tempfile
 import tarfile
+import tempfile
 from pathlib import Path
 
 import numpy as np

@@ -21,9 +21,26 @@ from labkit.base import config
 from labkit.base.checks import check_int
 from labkit.base.pixels import MEAN, STD, normalize  # noqa: F401  (labkit.data is where notebooks look for them)
 from labkit.data.cifar10 import (  # noqa: F401  (re-exported: labkit.data is where notebooks look for them)
-    _ARCHIVE_NAMES, CIFAR10_ARCHIVE, CIFAR10_CLASSES, CIFAR10_DIRNAME, CIFAR10_FILES, CIFAR10_MD5, CIFAR10_URL,
-    CorruptDataError, _batches_in, _candidate_dirs, _extract, _find_archive, _read_batches, cifar10_available, cifar10_problem,
-    fetch_cifar10, find_cifar10, load_cifar10, md5)
+    _ARCHIVE_NAMES,
+    CIFAR10_ARCHIVE,
+    CIFAR10_CLASSES,
+    CIFAR10_DIRNAME,
+    CIFAR10_FILES,
+    CIFAR10_MD5,
+    CIFAR10_URL,
+    CorruptDataError,
+    _batches_in,
+    _candidate_dirs,
+    _extract,
+    _find_archive,
+    _read_batches,
+    cifar10_available,
+    cifar10_problem,
+    fetch_cifar10,
+    find_cifar10,
+    load_cifar10,
+    md5,
+)
 
 SYNTHETIC_CLASSES = ("disc", "ring", "square", "frame", "triangle", "plus", "cross", "h-stripes",
                      "v-stripes", "checker")

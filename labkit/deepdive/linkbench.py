@@ -125,9 +125,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import labkit
     labkit.quiet()
+    import horovod.tensorflow as hvd
     import numpy as np
     import tensorflow as tf
-    import horovod.tensorflow as hvd
+
     from labkit.base.rankstats import weights_checksum as checksum
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)

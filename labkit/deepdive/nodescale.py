@@ -23,8 +23,8 @@ def by_nodes(nodes=(2, 3, 4), rates=("1gbit", "50mbit"), model="convblock_net", 
     """Weak scaling over node counts: at each link rate and node count p, one launch that calibrates the
     allreduce and times the steps (compute alone, synced). The model fitted on the fewest nodes then predicts
     the others: alpha and beta belong to the link, p only to the ring's formula."""
-    from labkit.scale import allreduce
     from labkit.base import machine
+    from labkit.scale import allreduce
     nodes = tuple(nodes)
     if len(nodes) < 2:
         raise ValueError(f"nodes must be two or more node counts >= 2; got {nodes!r}")

@@ -49,8 +49,9 @@ def main(argv=None) -> int:
     labkit.quiet()
     import numpy as np
     import tensorflow as tf
-    from labkit.base import config
+
     from labkit import models
+    from labkit.base import config
     from labkit.base.rankstats import weights_checksum as checksum
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)

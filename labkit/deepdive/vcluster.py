@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from labkit.scale import launch
 from labkit.base import resultsfile
+from labkit.scale import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "vcluster.sh"

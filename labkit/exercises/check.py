@@ -116,7 +116,7 @@ def patch(x, kernel_size, pixel, strides=1) -> Spec:
          "row and column swapped: pixel (i, j) is row i, column j."),
     ]
     return Spec(row, kind="array", mistakes=mistakes,
-                hint=f"Slice x[0, i*stride : i*stride + kh, j*stride : j*stride + kw, :] and flatten it.",
+                hint="Slice x[0, i*stride : i*stride + kh, j*stride : j*stride + kw, :] and flatten it.",
                 success=f"row {i * g.w_out + j} of the im2col matrix: the {g.kh}x{g.kw}x{g.c} window at "
                         f"({top}, {left}).")
 
@@ -314,7 +314,8 @@ def memory_footprint(filters: int, filter_size: int, pool_size: int, extra_conv:
 
     (05_network_sweep)
     """
-    from labkit.models.cifar import memory_footprint as footprint, sweep_net
+    from labkit.models.cifar import memory_footprint as footprint
+    from labkit.models.cifar import sweep_net
     model = sweep_net(filters, filter_size, pool_size, extra_conv)
     total = footprint(model)
     biases = sum(int(np.prod(w.shape)) for w in model.trainable_weights if "bias" in w.name)

@@ -69,7 +69,7 @@ def _code_checker(reference, mistakes=()):
                 return Verdict("unreadable", f"Could not use your answer: expected the function you wrote, got "
                                              f"{_describe(answer)}.", ref)
             if callable(getattr(answer, "python_function", None)):  # a tf.function: bound to the first model it
-                import tensorflow as tf                                # saw, so each check gets a fresh one
+                import tensorflow as tf  # saw, so each check gets a fresh one
 
                 answer = tf.function(answer.python_function)
             try:

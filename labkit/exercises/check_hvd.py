@@ -21,7 +21,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from labkit.exercises.verdict import CHECKERS, Verdict, NOT_ANSWERED  # one 'not answered' line for every exercise
+from labkit.exercises.verdict import CHECKERS, NOT_ANSWERED, Verdict  # one 'not answered' line for every exercise
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scale"  # the course's Keras scripts live with the lesson (04)
 REFERENCE = SCRIPTS / "keras_hvd.py"

@@ -47,8 +47,16 @@ import traceback
 from pathlib import Path
 
 import labkit  # noqa: F401  (TF log level before TensorFlow)
-from labkit.exercises.hvd_record import (SEED, Recorder, Timer, called_names, error_line, imports_horovod,
-                                        lr_uses_local_size, model_checksums)
+from labkit.exercises.hvd_record import (
+    SEED,
+    Recorder,
+    Timer,
+    called_names,
+    error_line,
+    imports_horovod,
+    lr_uses_local_size,
+    model_checksums,
+)
 
 
 def env_rank() -> tuple[int, int]:

@@ -171,6 +171,7 @@ def measure(nb, name: str) -> Minutes:
 def course(paths=None) -> list[Minutes]:
     """Minutes of every course notebook; an untimed cell counts as the mean of the course's timed cells."""
     import nbformat
+
     from labkit.exercises import build as exercises
     paths = list(paths) if paths is not None else exercises.course_notebooks()
     books = [nbformat.read(str(p), as_version=4) for p in paths]

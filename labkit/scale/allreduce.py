@@ -117,6 +117,7 @@ def calibrate_allreduce(np_: int = 2, sizes=(4, 4096, 65536, 262144, 1048576, 4 
                         chain=20, threads=1, launcher="auto", timeout=180, env_extra=None):
     """Time hvd.allreduce over message sizes on np_ ranks; returns (DataFrame, fitted AllreduceModel)."""
     import pandas as pd
+
     from labkit.scale.launch import launch
     args = ["--bench-allreduce", "--sizes", ",".join(str(int(s)) for s in sizes), "--repeats", repeats,
             "--chain", chain, "--threads", threads]
@@ -163,7 +164,7 @@ NETWORKS = {
 GPUS_PER_NODE = 8
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_spec(model: str) -> dict:
     """MACs per image, parameters and gradient bytes (4 x trainable parameters) of a network, counted by
     labkit.flops on its builder at its native input size (ResNet-101: 7.57 G MACs, as 03_flops shows).

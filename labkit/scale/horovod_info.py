@@ -57,7 +57,7 @@ def run_check_build() -> tuple[dict | None, int | None, str]:
     return parse_check_build(proc.stdout), proc.returncode, ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def horovod_build() -> dict | None:
     """What this environment's Horovod was built with (parse_check_build's dict), asked once per process;
     None where horovodrun is missing or fails."""

@@ -138,11 +138,11 @@ def parse_args(argv=None):
 def _setup(args):
     """hvd.init, thread limits and GPU pinning; must run before TensorFlow executes any op. Also returns the
     ids of the threads hvd.init started (Horovod's background thread and Gloo's network threads)."""
-    import tensorflow as tf
     import horovod.tensorflow as hvd
+    import tensorflow as tf
     labkit.quiet()
-    from labkit.scale import gpu
     from labkit.base import machine
+    from labkit.scale import gpu
     before = set(machine.thread_cpu_seconds())
     hvd.init()
     comm_tids = set(machine.thread_cpu_seconds()) - before

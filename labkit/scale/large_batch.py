@@ -15,8 +15,9 @@ from labkit.base.checks import check_int, check_ints, check_number
 
 
 def _local_setup(threads):
-    import labkit  # noqa: F401
     import tensorflow as tf
+
+    import labkit  # noqa: F401
     labkit.quiet()
     if threads:
         try:
@@ -37,8 +38,9 @@ def throughput_vs_batch(batch_sizes=(1, 2, 4, 8, 16, 32, 64), *, model="small_cn
                         warmup_steps=2, threads=None, seed=0):
     """Training images/s of one worker for each batch size (the Chameleon slides' table, on this CPU)."""
     import pandas as pd
-    from labkit.base import config
+
     from labkit import models
+    from labkit.base import config
     from labkit.base.rankstats import summarize_times
     batch_sizes = check_ints(batch_sizes, "batch_sizes", minimum=1)
     tf = _local_setup(threads)
@@ -67,6 +69,7 @@ def lr_scaling_curves(*, batch_size=32, k=8, lr=0.02, epochs=4, warmup_epochs=1,
                       num_val=1000, data="synthetic", threads=None, seed=0, evals_per_epoch=2):
     """Validation accuracy against epochs and training time: b at lr, k*b at lr, at k*lr, at k*lr with warmup."""
     import pandas as pd
+
     from labkit import data as lkdata
     for name, v in (("k", k), ("batch_size", batch_size), ("epochs", epochs), ("num_val", num_val),
                     ("evals_per_epoch", evals_per_epoch)):

@@ -32,6 +32,7 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     DataFrames.
     """
     import pandas as pd
+
     from labkit.base import plans
     from labkit.scale import probe
     if workers is None:

@@ -27,7 +27,7 @@ def horovod_extension() -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def horovod_libmpi() -> str | None:
     """The libmpi that Horovod's extension links (a path, or the name the loader would look up), '' where it
     links none (Horovod built without MPI), None where that cannot be told (no Horovod, no ldd/otool)."""
@@ -72,7 +72,7 @@ def mpirun_path() -> str | None:
     return str(local) if local.exists() else shutil.which("mpirun")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def version(mpirun: str) -> str:
     """'Open MPI 5.0.11' from `mpirun --version` (another MPI: its first line); '' where it does not run."""
     try:

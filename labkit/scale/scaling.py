@@ -289,7 +289,7 @@ def training_bytes(model: str) -> tuple[int, int]:
     return report.activation_bytes(training=True), flops.training_state_bytes(report, optimizer_slots=1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _child_bytes(model: str) -> tuple[int, int]:
     """training_bytes(model), asked of a child Python unless TensorFlow is loaded here (`labkit scale` never
     loads it itself)."""

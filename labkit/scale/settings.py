@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from labkit.base.checks import check_choice, check_int, check_ints, check_number
 from labkit.scale.hosts import LAUNCHERS  # noqa: F401  (RunSettings.launcher's choices; also reachable here)
@@ -142,7 +142,7 @@ def _check_hosts(hosts, nps, name: str) -> None:
         raise ValueError(str(err) if name == "hosts" else f"{name}: {err}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_names() -> tuple:
     """The model names the ranks can build: labkit.models' names and small_cnn. Asked of a child Python
     unless TensorFlow is already loaded here, so that `labkit scale` never loads it itself."""

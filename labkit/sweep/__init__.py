@@ -30,8 +30,8 @@ from labkit.sweep.store import (
     write_results,
 )
 
-__all__ = sorted([
-    "ResultsNotSaved", "SweepRun", "check_writable", "config_key", "config_name", "kill_pool", "load_results", "measure_speedup",
-    "merge_records", "new_pool", "pareto_front", "plot_speedup", "raise_interrupt", "records_dataframe",
-    "run_config", "run_sweep", "settings_mismatch", "write_results",
-])
+__all__ = [
+    "ResultsNotSaved", "SweepRun", "check_writable", "config_key", "config_name", "kill_pool", "load_results",
+    "measure_speedup", "merge_records", "new_pool", "pareto_front", "plot_speedup", "raise_interrupt",
+    "records_dataframe", "run_config", "run_sweep", "settings_mismatch", "write_results",
+]

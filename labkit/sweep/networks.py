@@ -20,9 +20,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from labkit import sweep
 from labkit.base import config, machine
 from labkit.base.checks import check_int, check_number
-from labkit import sweep
 from labkit.sweep.runner import pareto_front  # noqa: F401  (the front is the runner's; re-exported for the notebook)
 
 _KEYS = {"filters", "filter_size", "pool_size", "extra_conv"}

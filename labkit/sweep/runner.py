@@ -29,14 +29,21 @@ import traceback
 from collections import deque
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from labkit.base import machine
 from labkit.base.checks import check_int, check_ints
 from labkit.base.resultsfile import locked
-from labkit.sweep.store import (ResultsNotSaved, check_writable, load_results, merge_records, records_dataframe,
-                                settings_mismatch, write_results)
+from labkit.sweep.store import (
+    ResultsNotSaved,
+    check_writable,
+    load_results,
+    merge_records,
+    records_dataframe,
+    settings_mismatch,
+    write_results,
+)
 from labkit.sweep.workerpool import kill_pool, new_pool, raise_interrupt
 
 _RUNNER_KEYS = ("key", "name", "config", "settings", "status", "error", "accuracy", "memory_bytes",
@@ -101,7 +108,7 @@ def _warm(train_fn) -> int:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def run_config(train_fn, cfg: dict, threads=None, name=None, settings=None) -> dict:

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labkit.base.resultsfile import (LOCK_TIMEOUT_S, RESULTS_RESERVE_BYTES, check_space, locked, target_of,
-                                     write_text)
+from labkit.base.resultsfile import LOCK_TIMEOUT_S, RESULTS_RESERVE_BYTES, check_space, locked, target_of, write_text
 
 
 def merge_records(path, records, key: str = "key", timeout: float = LOCK_TIMEOUT_S) -> list[dict]:

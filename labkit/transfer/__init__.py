@@ -3,12 +3,12 @@
     finetune    per-layer learning-rate factors for Keras 2.15, freezing, the MATLAB multi-GPU white paper's recipe
 """
 from labkit.transfer.finetune import (  # noqa: F401  (the package's API)
-    FactorSGD,
     HEAD,
     HEAD_LR_FACTORS,
     IMAGENET_WEIGHTS,
     STRATEGIES,
     STRATEGY_LABELS,
+    FactorSGD,
     compare_strategies,
     copy_model,
     feature_extractor,

@@ -9,8 +9,8 @@ def explorer():
     """A widget: GPUs x model x GPU type x network x overlap -> predicted efficiency and images/s."""
     import ipywidgets as W
 
-    from labkit.scale import allreduce
     from labkit.flops import hardware
+    from labkit.scale import allreduce
 
     out = W.Output()
     gpus = W.SelectionSlider(options=[2 ** k for k in range(10)], value=64, description="GPUs")

@@ -94,6 +94,7 @@ def test_a_killed_kernels_scratch_dir_is_removed_by_the_next_one(tmp_path):
 
 def test_scratch_dir_refuses_a_path_as_prefix():
     import pytest
+
     from labkit.base import config
     with pytest.raises(ValueError, match="prefix"):
         config.scratch_dir("../x")

@@ -5,9 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import labkit  # noqa: F401
 import pytest
 
+import labkit  # noqa: F401
 from labkit.base import machine
 
 

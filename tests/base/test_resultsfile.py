@@ -14,9 +14,8 @@ import time
 
 import pytest
 
-from labkit.base import resultsfile
-
 from helpers import ENV, ROOT, fill, sha, small_tmpfs  # noqa: E402
+from labkit.base import resultsfile
 
 
 # ================================================================ the writer: links, failures, disk full, kill -9

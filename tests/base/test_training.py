@@ -3,19 +3,17 @@ simulated kill, the progress callback inside and outside Jupyter, evaluation aga
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
-
-import labkit  # noqa: F401
 import tensorflow as tf
 
-from labkit.data import loading as data
+import labkit  # noqa: F401
 from labkit.base import training
+from labkit.data import loading as data
 from labkit.models import cifar
 
 

@@ -5,13 +5,12 @@ import subprocess
 import sys
 import time
 
-import labkit  # noqa: F401
 import numpy as np
 import pytest
 
-from labkit.conv import bench
-from labkit.conv import bench_cli
+import labkit  # noqa: F401
 from labkit.base import timing
+from labkit.conv import bench, bench_cli
 
 
 def test_warmup_is_excluded_from_the_timing():

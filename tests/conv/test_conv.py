@@ -7,15 +7,15 @@ between labkit's own two implementations use 1e-10.
 """
 import re
 
-import labkit  # noqa: F401  (before TensorFlow: quiet C++ logs)
 import numpy as np
 import pytest
 import tensorflow as tf
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from labkit.conv import numpy_engine as conv
+import labkit  # noqa: F401  (before TensorFlow: quiet C++ logs)
 from labkit.base import machine
+from labkit.conv import numpy_engine as conv
 
 labkit.quiet()
 TOL32 = dict(rtol=1e-4, atol=1e-4)

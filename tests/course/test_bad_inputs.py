@@ -6,17 +6,13 @@ not the current wording: the parameter's name must appear in the message."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import labkit  # noqa: F401  (quiet TensorFlow before anything imports it)
-
-from helpers import ROOT, labkit_cli  # noqa: E402
+from helpers import labkit_cli  # noqa: E402
 
 
 def refuses(fn, word: str, *args, **kwargs):
@@ -109,7 +105,8 @@ def test_data_fetch_into_unwritable_dir(unwritable):
 
 
 def test_sweep_resume_with_other_settings(tmp_path):
-    from labkit.sweep import networks as netsweep, runner as sweep
+    from labkit.sweep import networks as netsweep
+    from labkit.sweep import runner as sweep
 
     out = tmp_path / "sweep.jsonl"
     cfg = netsweep.network_configs()[0]

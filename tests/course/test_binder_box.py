@@ -7,11 +7,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 sys.path.insert(0, str(ROOT / "scripts"))
 import binder_box  # noqa: E402
 

@@ -19,11 +19,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from helpers import failure, fake_executable, http_get, running_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 # course notebooks with an explorer, preferred in this order: the cells above 01's explorer only load
 # data, while 02's explorer comes after its benchmarks
 COURSE_NOTEBOOKS = ["notebooks/01_cnn_basics.ipynb", "notebooks/02_im2col.ipynb"]

@@ -18,6 +18,7 @@ from labkit.exercises import build as exercises
 pytestmark = [pytest.mark.browser, pytest.mark.server, pytest.mark.slow]
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 TITLE = "Exercise 1.2"
 
 

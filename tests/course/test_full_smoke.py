@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
 N_TRAIN, N_TEST = 1200, 600  # at least the smoke sizes (labkit.data.default_sizes: 1000 / 500)
 TIMES: dict[str, float] = {}
@@ -113,8 +114,9 @@ def smoke_env(tmp_path_factory):
 
 def test_fixture_is_read_as_cifar10(smoke_env, monkeypatch):
     """The fixture is what the full profile loads: CIFAR-10 by name, the smoke sizes, the right labels."""
-    from labkit.data import cifar10, loading as data
     from labkit.base import config
+    from labkit.data import cifar10
+    from labkit.data import loading as data
 
     env, table = smoke_env
     for key, value in env.items():

@@ -9,6 +9,7 @@ import time
 
 import psutil
 import pytest
+
 from helpers import http_get as get
 from helpers import http_post as post
 from helpers import running_lab

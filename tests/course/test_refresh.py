@@ -8,6 +8,7 @@ import nbformat
 import pytest
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 sys.path.insert(0, str(ROOT / "scripts"))
 import refresh_notebooks as refresh  # noqa: E402
 

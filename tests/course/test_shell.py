@@ -6,11 +6,11 @@ import shutil
 import stat
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 SCRIPTS = sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("hpc/*.sbatch"), ROOT / "binder/postBuild",
                   ROOT / "binder/start"])
 

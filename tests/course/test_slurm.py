@@ -19,11 +19,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from helpers import failure, fake_executable, free_port, log_tail
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 VENV = str(Path(sys.executable).parent.parent)  # the jobs use the environment running the tests
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
 COMMANDS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel"]

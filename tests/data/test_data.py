@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import labkit  # noqa: F401  (sets TF's log level before TensorFlow loads)
-from labkit.data import cifar10, loading as data
+from labkit.data import cifar10
+from labkit.data import loading as data
 
 N_PER_BATCH = 7  # small batches; the format is the same as the real 10000-image ones
 

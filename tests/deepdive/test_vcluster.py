@@ -22,6 +22,7 @@ from labkit.deepdive import nodescale, vcluster
 pytestmark = [pytest.mark.slow]
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 SCRIPT = ROOT / "scripts" / "vcluster.sh"
 VENV = str(Path(sys.executable).parent.parent)
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"

@@ -10,7 +10,6 @@ import pytest
 
 from helpers import ROOT, fill, labkit_cli, one_line, sha, small_tmpfs  # noqa: E402
 
-
 # ================================================================ exercises build
 SOURCE = ROOT / "notebooks"
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from labkit.exercises import check, build as exercises
-from labkit.exercises import check_code, check_code_models
-from labkit.transfer import finetune as transfer
+from labkit.exercises import build as exercises
+from labkit.exercises import check, check_code, check_code_models
 from labkit.exercises.verdict import NOT_ANSWERED
+from labkit.transfer import finetune as transfer
 
 CODE_CHECKERS = ["training_step", "im2col_function", "conv_macs_function", "pareto_function", "transfer_function"]
 

@@ -15,11 +15,11 @@ import nbformat
 import numpy as np
 import pytest
 
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 from labkit.exercises import build as exercises
 from labkit.exercises.build import BEGIN, END, PLACEHOLDER, ExerciseFormatError
 from labkit.exercises.verdict import NOT_ANSWERED
 
-from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 COURSE = sorted((ROOT / "notebooks").glob("0[1-6]_*.ipynb"))
 
 
@@ -51,8 +51,8 @@ def _run_pairs(nb, strip: bool, tmp=None):
     import tensorflow as tf
 
     from labkit.exercises import check_hvd
-    from labkit.transfer import finetune as transfer
     from labkit.models.cifar import sweep_net
+    from labkit.transfer import finetune as transfer
     tmp = Path(tmp or tempfile.mkdtemp(prefix="labkit-ex-"))
     ns = {"np": np, "tf": tf, "transfer": transfer,  # what the exercise cells use from their notebook's imports
           "base": sweep_net(filters=32, filter_size=5, pool_size=3, classes=5),

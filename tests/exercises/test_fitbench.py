@@ -3,8 +3,7 @@ the variants' edits still apply to keras_hvd.py, and one tiny real comparison's 
 import numpy as np
 import pytest
 
-from labkit.exercises import check_hvd
-from labkit.exercises import fitbench
+from labkit.exercises import check_hvd, fitbench
 
 
 def _rank(step_times, cpu_times, every=1):

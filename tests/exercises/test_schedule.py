@@ -1,14 +1,12 @@
 """labkit.exercises.schedule: a learner's minutes per notebook, checked on a synthetic notebook with known words and
 known timestamps, and docs/instructors.md's tables checked against what the script computes now."""
-from pathlib import Path
 
 import nbformat
 import pytest
 
+from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 from labkit.exercises import build as exercises
 from labkit.exercises import schedule
-
-from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
 # counted by hand: Reading time One two three four five six <code> a b nine
 TWELVE = ("# Reading time\n\nOne two three *four* [five](https://example.org/a/b).\n\n```python\nnot counted at all\n"

@@ -7,7 +7,8 @@ import pytest
 
 import labkit  # noqa: F401
 import labkit.models
-from labkit.flops import counter as flops, profiler as flops_tf
+from labkit.flops import counter as flops
+from labkit.flops import profiler as flops_tf
 
 tf = pytest.importorskip("tensorflow")
 L = tf.keras.layers

@@ -6,7 +6,8 @@ import math
 import pytest
 
 import labkit  # noqa: F401
-from labkit.flops import counter as flops, hardware
+from labkit.flops import counter as flops
+from labkit.flops import hardware
 
 tf = pytest.importorskip("tensorflow")
 L = tf.keras.layers

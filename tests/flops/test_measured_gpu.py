@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 import labkit  # noqa: F401
-from labkit.flops import counter as flops, hardware
+from labkit.flops import counter as flops
+from labkit.flops import hardware
 
 tf = pytest.importorskip("tensorflow")
 

@@ -9,11 +9,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
 sys.path.insert(0, str(ROOT / "scripts"))
 import delay_relay  # noqa: E402
 

@@ -6,16 +6,14 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import labkit  # noqa: F401  (sets TF's log level before TensorFlow loads)
-from labkit.scale import gpu
-
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+from labkit.scale import gpu
 
 
 # ------------------------------------------------------------------ rank -> GPU pinning

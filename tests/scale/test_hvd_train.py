@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from labkit.scale import hvd_train as ht
-
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+from labkit.scale import hvd_train as ht
 
 
 def test_no_labkit_module_imports_hvd_train():

@@ -276,6 +276,7 @@ def test_killing_labkit_scale_mid_run_leaves_no_process(sig, code, tmp_path):
 @needs_horovod
 def test_restarting_the_jupyter_kernel_mid_run_leaves_no_process(tmp_path):
     import os
+
     from jupyter_client import KernelManager
     km = KernelManager(kernel_name="python3")
     km.start_kernel(env={**os.environ, "TMPDIR": str(tmp_path)})
@@ -468,6 +469,7 @@ def test_real_mpirun_gives_each_bound_rank_its_own_core(monkeypatch):
     """The flags do what they say with the mpirun Horovod links: two ranks, one distinct core each."""
     import os
     import subprocess
+
     from labkit.scale import mpi
     exe = mpi.mpirun_path()
     if exe is None:

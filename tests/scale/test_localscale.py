@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from labkit.scale import localscale, probe, scaling
 from helpers import fake_paired, fake_run, no_separate_launch
+from labkit.scale import localscale, probe, scaling
 
 
 def test_gemm_probe_one_process_counts_real_flops():

@@ -9,10 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers import fake_launch, fake_rank  # noqa: E402
 from labkit.scale import scaling
 from labkit.scale.launch import horovodrun_path
-
-from helpers import fake_launch, fake_rank  # noqa: E402
 
 needs_horovod = pytest.mark.skipif(horovodrun_path() is None, reason="horovodrun not installed")
 TINY = dict(batch_size=16, steps=3, repeats=2, warmup_steps=1, num_examples=256)

@@ -4,10 +4,9 @@ import dataclasses
 
 import pytest
 
+from helpers import fake_launch  # noqa: E402
 from labkit.scale import hvd_train, scaling
 from labkit.scale.settings import RunSettings
-
-from helpers import fake_launch  # noqa: E402
 
 SHARED = ("model", "batch_size", "steps", "repeats", "warmup_steps", "data", "lr", "lr_warmup_steps", "seed")
 

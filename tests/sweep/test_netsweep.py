@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from labkit.sweep import networks as netsweep, runner as sweep
+from labkit.sweep import networks as netsweep
+from labkit.sweep import runner as sweep
 
 
 # ----------------------------------------------------------------------------- configs and the paper's count

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from labkit.base import machine
 from labkit.sweep import runner as sweep

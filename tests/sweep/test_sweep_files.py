@@ -10,10 +10,8 @@ import time
 
 import pytest
 
-from labkit.sweep import store
-
 from helpers import ENV, fill, labkit_cli, one_line, small_tmpfs  # noqa: E402
-
+from labkit.sweep import store
 
 # ================================================================ two sweeps at once
 _MERGER = """
@@ -89,7 +87,8 @@ def test_two_sweeps_on_the_same_out_keep_all_four_records(tmp_path):
 
 def test_the_sweep_command_writes_through_run_sweep_and_merge_records(monkeypatch, tmp_path):
     """`labkit sweep` lands each result with store.merge_records (the layer tested above with two processes)."""
-    from labkit.sweep import networks as netsweep, runner as sweep
+    from labkit.sweep import networks as netsweep
+    from labkit.sweep import runner as sweep
     calls = []
     monkeypatch.setattr(sweep, "merge_records", lambda out, recs: calls.append(recs) or
                         store.merge_records(out, recs))

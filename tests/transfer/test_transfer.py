@@ -1,10 +1,9 @@
 """labkit.transfer: per-layer learning-rate factors (oracle: stock Keras SGD), freezing, new heads."""
 import numpy as np
 import pytest
-
-import labkit  # noqa: F401
 import tensorflow as tf
 
+import labkit  # noqa: F401
 from labkit.transfer import finetune as transfer
 
 

@@ -1,10 +1,10 @@
 """labkit.widgets.im2col: its numbers against tf.nn.conv2d and labkit.conv.im2col; the widget without a browser."""
-import labkit  # noqa: F401
 import matplotlib
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import labkit  # noqa: F401
 from labkit.conv import numpy_engine as conv
 from labkit.widgets import im2col as explorer
 

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import labkit  # noqa: F401
 import tensorflow as tf
 
+import labkit  # noqa: F401
 from labkit.data import loading as data
 from labkit.widgets import kernels
 
