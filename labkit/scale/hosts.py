@@ -116,7 +116,8 @@ def choose_launcher(launcher: str = "auto", hosts=None, env=None, env_extra=None
     settings = {k: v for k, v in FAST_MPI_SETTINGS.items() if k not in theirs}
     shown = " ".join(f"{k}={theirs.get(k, v)}{' (yours)' if k in theirs else ''}" for k, v in FAST_MPI_SETTINGS.items())
     return "mpi", settings, (f"controller: MPI via mpirun ({mpi.describe()}) with {shown}, the fastest measured "
-                             f"on one machine, each of two or more workers on its own cores; for Gloo: --launcher gloo (launcher='gloo')")
+                             "on one machine, each of two or more workers on its own cores; for Gloo: --launcher gloo "
+                             "(launcher='gloo')")
 
 
 def core_binding(np_: int, threads=None, hosts=None, env=None) -> list[str]:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported)
 from labkit.base.checks import check_int
+from labkit.scale import settings
 from labkit.scale.settings import DATA, DEFAULT_MODEL, DEVICES, RunSettings, num_examples_for  # noqa: F401
 
 PROGRESS_TAG = "LABKIT_PROGRESS"  # rank 0's progress lines, parsed by labkit.scale.scaling.run
@@ -45,34 +46,14 @@ PROGRESS_TAG = "LABKIT_PROGRESS"  # rank 0's progress lines, parsed by labkit.sc
 # the script
 
 def _parser() -> argparse.ArgumentParser:
-    """The worker's options; those a RunSettings holds default to its defaults (labkit.scale.settings)."""
-    d = RunSettings()
+    """The worker's options: those of the RunSettings fields (settings.add_arguments), then its own."""
     p = argparse.ArgumentParser(prog="python -m labkit.scale.hvd_train",
                                 description="Data-parallel training for 1..N Horovod ranks (run under horovodrun).")
-    p.add_argument("--model", default=d.model, help=f"'{d.model}' or a labkit.models.get name")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images per rank per step")
-    p.add_argument("--steps", type=int, default=d.steps, help="timed steps per repeat")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed repeats (images/s mean and spread)")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="untimed steps first (tracing, allocation)")
-    p.add_argument("--data", default=d.data, choices=DATA,
-                   help="labkit.data's synthetic set (32 px, 10 classes), one fixed random batch at --image-size "
-                        "(throughput only, as Horovod's synthetic benchmark), or labkit.data.load_dataset")
-    p.add_argument("--num-examples", type=int, default=d.num_examples,
-                   help="size of the synthetic training set (default: settings.num_examples_for)")
+    settings.add_arguments(p, "worker")  # every RunSettings field the workers take (RunSettings.argv)
     p.add_argument("--image-size", type=int, default=32, help="--data random: image side in px")
     p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--lr", type=float, default=d.lr, help="base learning rate (one worker)")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--scale-lr", action="store_true", help="linear scaling rule: LR = lr x number of ranks")
-    p.add_argument("--lr-warmup-steps", type=int, default=d.lr_warmup_steps,
-                   help="ramp the scaled LR up over this many steps")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / local ranks)")
-    p.add_argument("--device", choices=DEVICES, default=d.device,
-                   help="every rank on the CPU, or one GPU per rank (default: a GPU per rank where the node has "
-                        "one for each of its ranks, else the CPU)")
     p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads per rank (0: as --threads)")
-    p.add_argument("--no-sync", action="store_true",
-                   help="control experiment: plain optimizer, no gradient allreduce (ranks drift apart)")
     p.add_argument("--barrier", action="store_true",
                    help="with --no-sync: allreduce only the 4-byte loss after each step, a per-step barrier "
                         "without the gradients (tells the wait for the slower rank from the bytes)")
@@ -84,7 +65,6 @@ def _parser() -> argparse.ArgumentParser:
                         "fused by the background thread as they arrive)")
     p.add_argument("--no-function", action="store_true", help="run the step eagerly (no tf.function)")
     p.add_argument("--jit", action="store_true", help="compile the step with XLA (tf.function jit_compile)")
-    p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", default=None, help="directory for rank{R}.json (default: no files)")
     p.add_argument("--checkpoint-dir", default=None, help="rank 0 writes weights.h5 and log.jsonl here")
     p.add_argument("--progress-every", type=int, default=0, help="rank 0 reports every N steps (0: per repeat)")
@@ -469,7 +449,8 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         from labkit.base import resultsfile
-        resultsfile.write_text(out / f"rank{result['rank']}.json", json.dumps(result))  # a reader never sees half a file
+        # a reader never sees half a file
+        resultsfile.write_text(out / f"rank{result['rank']}.json", json.dumps(result))
     return 0
 
 

@@ -24,8 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from labkit.base import config, machine, plans
+from labkit.scale import settings
 from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, launch_problem, take_slots
 from labkit.scale.settings import (  # noqa: F401  (check_model, model_names: also reachable as scaling's)
+    CLI_TIMEOUT,
     DEFAULT_MODEL,
     DEVICES,
     LAUNCHERS,
@@ -211,7 +213,7 @@ def _int_list(text):
     try:
         vals = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers like 1,2; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers like 1,2; got {text!r}") from None
     if not vals or any(v < 1 for v in vals):
         raise argparse.ArgumentTypeError(f"worker counts must be >= 1; got {text!r}")
     return vals
@@ -315,7 +317,8 @@ def check_memory(model: str, batch_size: int, ranks_here: int, available=None) -
     if ranks_here * per_rank <= available:
         return
     fits = max(0, int((available / ranks_here - state) // per_image))
-    raise ValueError(f"--batch-size {batch_size} cannot fit in memory: {ranks_here} rank(s) x {per_rank / 2**30:.2f} GiB "
+    raise ValueError(f"--batch-size {batch_size} cannot fit in memory: {ranks_here} rank(s) x "
+                     f"{per_rank / 2**30:.2f} GiB "
                      f"({model}: {per_image / 1e6:.3f} MB of activations per image x {batch_size} images + "
                      f"{state / 1e6:.1f} MB of weights, gradients and momentum; labkit.flops' estimate) > "
                      f"{available / 2**30:.2f} GiB available. Use --batch-size {fits} or less, or fewer ranks")
@@ -328,42 +331,19 @@ def ranks_per_host(hosts, np_: int) -> int:
     return max(int(entry.rpartition(":")[2]) for entry in take_slots(hosts, np_))
 
 
-CLI_TIMEOUT = 600  # `labkit scale` waits longer per launch than a notebook's run (RunSettings.timeout)
-
-
 def _parser() -> _Parser:
-    """`labkit scale`'s options: one per setting it offers (defaults from RunSettings), then its own."""
-    d = RunSettings()
+    """`labkit scale`'s options: --np, one per setting it offers (settings.add_arguments), then its own."""
     p = _Parser(prog="labkit scale",
                 description="Run Horovod data-parallel training once per worker count and report images/s, "
                             "efficiency and each rank's weight checksum. Each worker owns a fixed share of "
                             "the machine (--threads, default 1), as each GPU or node does.")
     p.add_argument("--np", dest="nps", type=_int_list, default=[1, 2], help="worker counts, e.g. 1,2 (default 1,2)")
-    p.add_argument("--model", default=d.model, help=f"{d.model} (default) or a labkit.models name")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="images per step: per worker (weak scaling) or in total (strong)")
-    p.add_argument("--steps", type=int, default=d.steps, help="timed steps per repeat")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed repeats")
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps, help="untimed steps before timing")
-    p.add_argument("--scaling", choices=SCALINGS, default=d.scaling,
-                   help="weak: fixed work per worker (default); strong: fixed work per step, split")
-    p.add_argument("--threads", type=int, default=d.threads,
-                   help=f"intra-op threads per worker (default {d.threads}: each worker owns a fixed share of the "
-                        "machine, as each GPU or node does, so adding workers adds cores)")
-    p.add_argument("--hosts", default=d.hosts,
-                   help="horovodrun -H hosts as name:slots, e.g. node1:1,node2:1 (default: this machine, "
-                        "or the nodes of the Slurm allocation)")
-    p.add_argument("--data", choices=["synthetic", "auto", "cifar10"], default=d.data,
-                   help="synthetic (default), auto (CIFAR-10 if on disk, else the offline set) or cifar10")
-    p.add_argument("--launcher", choices=LAUNCHERS, default=d.launcher)
-    p.add_argument("--timeout", type=float, default=CLI_TIMEOUT, help="seconds per launch before everything is killed")
+    settings.add_arguments(p, "scale")
     p.add_argument("--paired", action="store_true",
                    help="also time the same steps without the gradient exchange, in alternating blocks of the "
                         "same launch (run_paired): efficiency with and without the exchange, and their ratio")
-    p.add_argument("--device", choices=DEVICES, default=d.device,
-                   help="every worker on the CPU, or one GPU each (default: GPUs where every host has one for each "
-                        "of its workers in every launch, else the CPU; never a mix)")
-    p.add_argument("--json", dest="json_path", default=None, help="write the results here")
+    p.add_argument("--json", dest="json_path", default=None,
+                   help="write the results here (their schema: labkit.scale.records.ScaleDocument)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--oversubscribe", action="store_true",
                    help="allow more ranks than this machine has cores (each gets a slice of a core)")
@@ -371,9 +351,9 @@ def _parser() -> _Parser:
 
 
 def _settings(a) -> RunSettings:
-    """The RunSettings the options name (the ones `labkit scale` offers; the rest keep their defaults)."""
-    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(RunSettings) if hasattr(a, f.name)}
-    return RunSettings(**given, progress=not a.quiet)
+    """The RunSettings the options name: every setting `labkit scale` offers read back (settings.from_args),
+    progress from --quiet; the others keep their defaults."""
+    return RunSettings(**settings.from_args(a, "scale"), progress=not a.quiet)
 
 
 def _check_args(a, settings: RunSettings) -> RunSettings:

@@ -1,8 +1,10 @@
-"""One run's settings, in one place: their defaults, their checks and the workers' command line (04_horovod_scaling).
+"""One run's settings, in one place: their defaults, checks, options and the workers' command line (04_horovod_scaling).
 
 `RunSettings` is what `scaling.run`, `scaling.run_paired` and `labkit scale` share, and what hvd_train's own
-options default to. A new setting is one line here (its default, its check, the workers' option), plus its flag
-in `labkit scale` if it offers one, and the option in hvd_train if the workers take it.
+options default to. A new setting is one line here: its default, its check, the workers' option, whether
+`labkit scale` offers it, its help. `add_arguments` writes both parsers' options from these fields and
+`from_args` reads them back, so a flag is spelled once; where a parser departs from the field on purpose
+(hvd_train's --threads default, `labkit scale`'s --timeout) the field's `differs` says how and why.
 """
 from __future__ import annotations
 
@@ -19,13 +21,19 @@ DEFAULT_MODEL = "small_cnn"
 SCALINGS = ("weak", "strong")
 DATA = ("synthetic", "random", "auto", "cifar10")
 DEVICES = ("cpu", "gpu")  # every worker on the CPU, or one GPU each (labkit.scale.gpu.place_rank)
+CLI_TIMEOUT = 600  # `labkit scale` waits longer per launch than a notebook's run (RunSettings.timeout)
 
 
-def _setting(default, check, worker: str | None = None):
-    """A RunSettings field: its default, its check (value, name) -> value, and the hvd_train option it becomes
-    (None: a setting of the launch, not of the workers; a True/False setting is a switch, given when it leaves
-    its default)."""
-    return dataclasses.field(default=default, metadata={"check": check, "worker": worker})
+def _setting(default, check, worker: str | None = None, *, scale: str | None = None, help: str | None = None,
+             type=None, choices=None, differs: dict | None = None):
+    """A RunSettings field: its default, its check (value, name) -> value, the hvd_train option it becomes
+    (worker; None: a setting of the launch, not of the workers; a True/False setting is a switch, given when
+    it leaves its default), `labkit scale`'s option (scale; None: not offered), its help, its argparse type and
+    choices (where the default does not say them), and differs: {"scale" | "worker": {argparse keyword: value,
+    ..., "why": the reason}} where one parser departs from the field on purpose."""
+    return dataclasses.field(default=default, metadata={"check": check, "worker": worker, "scale": scale,
+                                                        "help": help, "type": type, "choices": choices,
+                                                        "differs": differs or {}})
 
 
 def _int(minimum: int):
@@ -38,7 +46,6 @@ def _positive(value, name: str) -> float:
 
 def _choice(*choices):
     return lambda value, name: check_choice(value, name, choices)
-
 
 
 def _bool(value, name: str) -> bool:
@@ -62,24 +69,65 @@ def _args(value, name: str) -> tuple:
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     """The settings of one `labkit scale` run; `check(nps)` checks them, `argv(n)` is the workers' command line."""
-    model: str = _setting(DEFAULT_MODEL, _model, "--model")  # small_cnn or a labkit.models name
-    batch_size: int = _setting(64, _int(1), "--batch-size")  # images per step: per worker (weak) or in total (strong)
-    steps: int = _setting(20, _int(1), "--steps")  # timed steps per repeat
-    repeats: int = _setting(3, _int(1), "--repeats")  # timed repeats (images/s mean and spread)
-    warmup_steps: int = _setting(5, _int(0), "--warmup-steps")  # untimed steps first (tracing, allocation)
-    scaling: str = _setting("weak", _choice(*SCALINGS))  # weak: fixed work per worker; strong: per step, split
-    data: str = _setting("synthetic", _choice(*DATA), "--data")  # random: one fixed batch; auto: CIFAR-10 if on disk
-    num_examples: int | None = _setting(None, _optional(_int(1)), "--num-examples")  # None: num_examples_for
-    lr: float = _setting(0.01, _positive, "--lr")  # base learning rate (one worker)
-    scale_lr: bool = _setting(False, _bool, "--scale-lr")  # linear scaling rule: LR x number of workers
-    lr_warmup_steps: int = _setting(0, _int(0), "--lr-warmup-steps")  # ramp the scaled LR up over this many steps
-    threads: int = _setting(1, _int(1), "--threads")  # intra-op threads per worker: a fixed share, as a GPU or node
-    device: str | None = _setting(None, _optional(_choice(*DEVICES)), "--device")  # None: chosen per run (scaling)
-    sync: bool = _setting(True, _bool, "--no-sync")  # False: the control without the gradient allreduce
-    seed: int = _setting(0, _int(0), "--seed")
-    launcher: str = _setting("auto", _choice(*LAUNCHERS))  # auto: launch.choose_launcher's choice
-    hosts: str | list[str] | None = _setting(None, None)  # horovodrun -H entries; None: here or Slurm's (check())
-    timeout: float = _setting(300, _positive)  # seconds per launch before every process is killed
+    model: str = _setting(DEFAULT_MODEL, _model, "--model", scale="--model",
+                          help=f"{DEFAULT_MODEL} (default) or a labkit.models name")
+    batch_size: int = _setting(64, _int(1), "--batch-size", scale="--batch-size",
+                               help="images per step: per worker (weak scaling) or in total (strong)",
+                               differs={"worker": {"help": "images per rank per step",
+                                                   "why": "labkit scale splits a strong-scaling batch first"}})
+    steps: int = _setting(20, _int(1), "--steps", scale="--steps", help="timed steps per repeat")
+    repeats: int = _setting(3, _int(1), "--repeats", scale="--repeats",
+                            help="timed repeats (images/s mean and spread)")
+    warmup_steps: int = _setting(5, _int(0), "--warmup-steps", scale="--warmup-steps",
+                                 help="untimed steps first (tracing, allocation)")
+    scaling: str = _setting("weak", _choice(*SCALINGS), scale="--scaling", choices=SCALINGS,
+                            help="weak: fixed work per worker (default); strong: fixed work per step, split")
+    data: str = _setting("synthetic", _choice(*DATA), "--data", scale="--data", choices=DATA,
+                         help="labkit.data's synthetic set (32 px, 10 classes), one fixed random batch at "
+                              "--image-size (throughput only, as Horovod's synthetic benchmark), or "
+                              "labkit.data.load_dataset (auto: CIFAR-10 if on disk)",
+                         differs={"scale": {"choices": ("synthetic", "auto", "cifar10"),
+                                            "help": "synthetic (default), auto (CIFAR-10 if on disk, else the "
+                                                    "offline set) or cifar10",
+                                            "why": "random is a throughput-only batch; labkit scale trains on "
+                                                   "a data set (scaling.data_note)"}})
+    num_examples: int | None = _setting(None, _optional(_int(1)), "--num-examples", type=int,
+                                        help="size of the synthetic training set (default: "
+                                             "settings.num_examples_for)")
+    lr: float = _setting(0.01, _positive, "--lr", help="base learning rate (one worker)")
+    scale_lr: bool = _setting(False, _bool, "--scale-lr", help="linear scaling rule: LR = lr x number of ranks")
+    lr_warmup_steps: int = _setting(0, _int(0), "--lr-warmup-steps",
+                                    help="ramp the scaled LR up over this many steps")
+    threads: int = _setting(1, _int(1), "--threads", scale="--threads",
+                            help="intra-op threads per worker (default %(default)s: each worker owns a fixed share "
+                                 "of the machine, as each GPU or node does, so adding workers adds cores)",
+                            differs={"worker": {"default": 0, "help": "intra-op threads per rank (0: cores / local "
+                                                                      "ranks)",
+                                                "why": "a worker started by hand shares its node's cores among "
+                                                       "its local ranks; RunSettings.argv always passes "
+                                                       "--threads"}})
+    device: str | None = _setting(None, _optional(_choice(*DEVICES)), "--device", scale="--device", choices=DEVICES,
+                                  help="every worker on the CPU, or one GPU each (default: GPUs where every host "
+                                       "has one for each of its workers in every launch, else the CPU; never a mix)",
+                                  differs={"worker": {"help": "every rank on the CPU, or one GPU per rank (default: "
+                                                              "a GPU per rank where the node has one for each of "
+                                                              "its ranks, else the CPU)",
+                                                      "why": "None is decided per launch by labkit scale "
+                                                             "(plans.run_device), per node by a worker "
+                                                             "(gpu.place_rank)"}})
+    sync: bool = _setting(True, _bool, "--no-sync",
+                          help="control experiment: plain optimizer, no gradient allreduce (ranks drift apart)")
+    seed: int = _setting(0, _int(0), "--seed", help="seed of the weights and the data order")
+    launcher: str = _setting("auto", _choice(*LAUNCHERS), scale="--launcher", choices=LAUNCHERS,
+                             help="how the ranks start: auto (mpirun where Horovod has MPI and every rank runs "
+                                  "here, else horovodrun --gloo), gloo, mpi or srun")
+    hosts: str | list[str] | None = _setting(None, None, scale="--hosts", type=str,
+                                             help="horovodrun -H hosts as name:slots, e.g. node1:1,node2:1 "
+                                                  "(default: this machine, or the nodes of the Slurm allocation)")
+    timeout: float = _setting(300, _positive, scale="--timeout", type=float,
+                              help="seconds per launch before everything is killed (default %(default)g)",
+                              differs={"scale": {"default": CLI_TIMEOUT,
+                                                 "why": "a terminal waits longer per launch than a notebook"}})
     progress: bool | Callable = _setting(True, None)  # print rank 0's progress (a callable gets each line's dict)
     env_extra: dict | None = _setting(None, _optional(lambda value, name: dict(value)))  # the ranks' extra environment
     extra: tuple = _setting((), _args)  # more hvd_train arguments, e.g. ("--num-groups", "1")
@@ -117,6 +165,54 @@ class RunSettings:
             raise ValueError(f"strong scaling splits {name('batch_size')}={out.batch_size} over np={bad[0]}: "
                              f"choose a batch size divisible by every np")
         return out
+
+
+PARSERS = ("scale", "worker")  # `labkit scale` (scaling._parser) and hvd_train (hvd_train._parser)
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def options(for_: str) -> list[tuple[dataclasses.Field, str, dict]]:
+    """(field, flag, argparse keywords) of every RunSettings field the parser for_ ("scale" or "worker") offers:
+    default, help, type and choices from the field, then its `differs` for that parser."""
+    check_choice(for_, "for_", PARSERS)
+    out = []
+    for f in dataclasses.fields(RunSettings):
+        meta = f.metadata
+        flag = meta[for_]
+        if flag is None:
+            continue
+        if isinstance(f.default, bool):  # a switch: given, the setting leaves its default
+            kw = {"action": "store_true", "help": meta["help"]}
+        else:
+            kind = meta["type"] or (str if f.default is None else type(f.default))
+            kw = {"type": kind, "default": f.default, "help": meta["help"]}
+            if meta["choices"]:
+                kw["choices"] = meta["choices"]
+        kw.update({k: v for k, v in meta["differs"].get(for_, {}).items() if k != "why"})
+        out.append((f, flag, {**kw, "dest": _dest(flag)}))
+    return out
+
+
+def add_arguments(parser, for_: str) -> None:
+    """Add to parser the option of every RunSettings field the parser for_ ("scale" or "worker") offers."""
+    for _, flag, kw in options(for_):
+        parser.add_argument(flag, **kw)
+
+
+def from_args(args, for_: str) -> dict:
+    """{field name: value} of the RunSettings fields the parser for_ offers, read from its parsed args; a field
+    whose option is missing from args is a ValueError, never its default."""
+    out = {}
+    for f, flag, kw in options(for_):
+        if not hasattr(args, kw["dest"]):
+            raise ValueError(f"RunSettings.{f.name}: the parsed options hold no {kw['dest']} ({flag}); "
+                             f"add it with settings.add_arguments(parser, {for_!r})")
+        value = getattr(args, kw["dest"])
+        out[f.name] = (not f.default if value else f.default) if kw.get("action") == "store_true" else value
+    return out
 
 
 def num_examples_for(batch_size: int, ranks: int = 1) -> int:
