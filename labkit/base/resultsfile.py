@@ -7,6 +7,9 @@ the old content); any failure (disk full, kill -9, an exception) leaves the prev
 `replacing` / `replacing_path` are the two doors (an open file, or a path for a library that writes by name);
 write_text, write_json, write_notebook are built on them. `check_space` reserves the bytes a
 file will need before the compute starts, so a full disk is reported first, not after the run.
+labkit writes only its own files: the writer never replaces a device, a pipe or a folder, and `check_target`
+(before the work) refuses an existing file that is not of the command's own kind (`json_document`, `json_lines`);
+`claimed` adds the file's lock for the whole run, so two runs on one output are refused, not merged into one.
 The temporary file is `.NAME.p<pid>@<host>.<random>.tmp<suffix>`: removed on every exit Python sees, and one left
 by a kill -9 is removed by the next write of NAME once its writer's pid is gone from this host or it is over an
 hour old (a writer on another host sharing the drive is judged by age alone).
@@ -118,6 +121,10 @@ def replacing_path(path, *, follow_symlinks: bool = True):
     target = target_of(path, follow_symlinks)
     if target.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    with contextlib.suppress(FileNotFoundError):  # a device or a pipe is never replaced by a file
+        kind = _not_regular(os.stat(target).st_mode)
+        if kind:
+            raise ValueError(f"{path} is {kind}, not a file of labkit's; give a new file name")
     sweep_stale_temps(target)
     # the target's extension last: writers that pick a format by it (Keras' .h5) see the right one
     fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{_WRITER.format(pid=os.getpid())}.",
@@ -200,7 +207,86 @@ def check_space(path, nbytes: int, name: str = "path") -> None:
         os.unlink(tmp)
 
 
-# ----------------------------------------------------------------------------- many writers, one file (labkit.sweep.store)
+# ----------------------------------------------------------------------------- only labkit's own files
+OWN_MAX_BYTES = 64 * 2**20  # a results file of labkit's is far smaller; a larger file is not one of them
+_KINDS = {stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device", stat.S_ISFIFO: "a pipe",
+          stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder"}
+
+
+def _not_regular(mode: int) -> str:
+    """What a non-regular file is ('' for a regular file)."""
+    return next((kind for test, kind in _KINDS.items() if test(mode)), "" if stat.S_ISREG(mode) else "not a file")
+
+
+def json_document(*keys: str):
+    """A check for check_target's own=: the text is one JSON object with these keys (a labkit --json file)."""
+    def own(text: str) -> bool:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and all(k in doc for k in keys)
+    own.kind = f"a JSON document with {', '.join(repr(k) for k in keys)}" if keys else "a JSON document"
+    return own
+
+
+def json_lines(key: str):
+    """A check for own=: every non-blank line is a JSON object with key (a JSON-lines results file)."""
+    def own(text: str) -> bool:
+        try:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError:
+            return False
+        return all(isinstance(r, dict) and key in r for r in rows)
+    own.kind = f"JSON lines with {key!r}"
+    return own
+
+
+def check_target(path, name: str = "path", *, own=None) -> Path:
+    """The file a write to path lands in (symlinks followed), checked before any work: ValueError naming `name`
+    when it is not a regular file (a device, a pipe, a folder), or when it exists, is not empty and is not a file of
+    labkit's own kind (own(text) False, or not readable as text). labkit writes only files of its own."""
+    target = target_of(path)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return target
+    except OSError as err:
+        raise ValueError(f"{name}: cannot use {path} ({err.strerror or err})") from None
+    kind = _not_regular(st.st_mode)
+    if kind:
+        where = f" (through the link, {target})" if target != Path(os.path.abspath(path)) else ""
+        raise ValueError(f"{name}: {path} is {kind}{where}, not a file of labkit's; give a new file name")
+    if own is None or st.st_size == 0:
+        return target
+    text = None
+    if st.st_size <= OWN_MAX_BYTES:
+        try:
+            text = target.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            pass
+    if text is None or not own(text):
+        where = f" (through the link, {target})" if target != Path(os.path.abspath(path)) else ""
+        raise ValueError(f"{name}: {path}{where} exists and is not {getattr(own, 'kind', 'a results file')} that "
+                         "labkit wrote; labkit writes only its own files: give a new file name, or remove it first")
+    return target
+
+
+@contextlib.contextmanager
+def claimed(path, name: str = "path", *, own=None, nbytes: int = RESULTS_RESERVE_BYTES):
+    """For a command that writes its results at the end of a long run: check_target and check_space now, then
+    the file's lock held for the whole block (timeout 0), so a second run on the same file is refused in one line
+    now instead of one run's results being lost later. ValueError naming `name` for each refusal."""
+    check_target(path, name, own=own)
+    check_space(path, nbytes, name)
+    try:
+        with locked(path, timeout=0):
+            yield
+    except TimeoutError as err:
+        raise ValueError(f"{name} {err}") from None
+
+
+# ------------------------------------------------------------------ many writers, one file (labkit.sweep.store)
 def lock_path(path) -> Path:
     """The lock file of a results file: a dot-file beside its target."""
     target = target_of(path)

@@ -16,6 +16,8 @@ from pathlib import Path
 from labkit.base import resultsfile
 from labkit.conv import bench
 
+OWN = resultsfile.json_document("layers")  # what conv-bench's --json holds: no other existing file is replaced
+
 
 def _unwritable(path: str) -> str:
     """Why `path` cannot be written as a file ('' when it can): checked before minutes of compute."""
@@ -43,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, help="images per batch (default: by profile, quick=2, workshop=8)")
     parser.add_argument("--repeats", type=int, help="timed repeats per method (default: by profile)")
     parser.add_argument("--chunk-size", default="auto",
-                        help="im2col rows per GEMM: 'auto' (default, about 2 MiB), a number, or 0 = whole batch, one GEMM")
+                        help="im2col rows per GEMM: 'auto' (default, about 2 MiB), a number, or 0 = whole batch, "
+                             "one GEMM")
     parser.add_argument("--kernels", default="3,1", help="which layers: '3', '1' or '3,1' (default)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loops")
     parser.add_argument("--methods", default=",".join(bench.METHODS),
@@ -90,6 +93,7 @@ def _json_problem(path) -> str:
     if problem:
         return f"--json {path}: {problem}"
     try:
+        resultsfile.check_target(path, "--json", own=OWN)
         resultsfile.check_space(path, resultsfile.RESULTS_RESERVE_BYTES, "--json")
     except ValueError as err:
         return str(err)

@@ -1,4 +1,5 @@
-"""Keras's model.fit path against labkit's custom loop: images/s on the same network, batch and workers (04_horovod_scaling).
+"""Keras's model.fit path against labkit's custom loop: images/s on the same network, batch and workers
+(04_horovod_scaling).
 
 `compare(np_=2)` alternates labkit.scale.hvd_train (the custom loop with hvd.DistributedGradientTape, as `labkit scale`
 runs it: time of each step call) and labkit/scale/keras_hvd.py (model.fit with Horovod's callbacks, timed by
@@ -10,16 +11,19 @@ over the ranks, mean over `repeats` blocks of `steps` steps. `labkit fit-bench` 
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from labkit.base import resultsfile  # every file labkit writes, written atomically
-from labkit.base.checks import check_int
+from labkit.base.checks import check_int, check_number
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_NUM_INTEROP_THREADS")
 PATHS = ("fit", "custom_loop")
+
+OWN = resultsfile.json_document("rows")  # what --json holds: no other existing file is replaced
 
 
 def _launch_args(np_, batch_size, steps, repeats, warmup_steps, threads, rounds):
@@ -67,7 +71,7 @@ def fit_images_per_sec(ranks: list[dict], batch_size: int, warmup_steps: int, st
         if warmup_steps < done[0]:
             raise ValueError(f"warmup_steps={warmup_steps} is shorter than the first timed block ({done[0]} steps)")
 
-        def per_step(marks):
+        def per_step(marks, done=done):  # this rank's marks
             # each interval between two marks covers done[i] - done[i-1] steps (k under steps_per_execution=k)
             t = np.asarray(marks, dtype=float)
             return np.repeat(np.diff(t) / np.diff(done), np.diff(done))[warmup_steps - done[0]:]
@@ -85,9 +89,9 @@ def fit_images_per_sec(ranks: list[dict], batch_size: int, warmup_steps: int, st
 
 def compare(np_: int = 2, *, batch_size: int = 64, steps: int = 20, repeats: int = 3, warmup_steps: int = 5,
             rounds: int = 3, threads: int = 1, timeout: float = 1200, script=None):
-    """The custom loop (labkit.scale.hvd_train, as `labkit scale` runs it) and model.fit (labkit/scale/keras_hvd.py), alternated
-    `rounds` times in ONE launch: the same processes, so neither gets a quieter start-up or machine; a DataFrame,
-    one row per run. The custom loop runs first and sets the thread pools (hvd_train --threads) for both."""
+    """The custom loop (labkit.scale.hvd_train, as `labkit scale` runs it) and model.fit (labkit/scale/keras_hvd.py),
+    alternated `rounds` times in ONE launch: the same processes, so neither gets a quieter start-up or machine; a
+    DataFrame, one row per run. The custom loop runs first and sets the thread pools (hvd_train --threads) for both."""
     import pandas as pd
 
     from labkit.exercises import check_hvd
@@ -253,10 +257,10 @@ def summary(df) -> dict:
 
 def cli_main(argv=None) -> int:
     """`labkit fit-bench [--np 2] [--batch-size 64] [--steps 20] [--rounds 3] [--explain] [--json FILE]`."""
-    from labkit.scale.scaling import _check_json_path, _Parser  # labkit scale's one-line errors and --json check
+    from labkit.scale.scaling import _Parser  # labkit scale's one-line errors
     p = _Parser(prog="labkit fit-bench",
-                                description="images/s of Keras's model.fit with Horovod's callbacks (labkit/scale/keras_hvd.py) "
-                                            "against labkit's custom loop (labkit.scale.hvd_train), alternated launches.")
+                description="images/s of Keras's model.fit with Horovod's callbacks (labkit/scale/keras_hvd.py) "
+                            "against labkit's custom loop (labkit.scale.hvd_train), alternated launches.")
     p.add_argument("--np", type=int, default=2, help="workers (default 2)")
     p.add_argument("--batch-size", type=int, default=64, help="images per worker per step")
     p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
@@ -271,12 +275,29 @@ def cli_main(argv=None) -> int:
                         "the custom loop, in one launch (where fit's time goes)")
     a = p.parse_args(argv)
     try:
-        for name in ("np", "batch_size", "steps", "repeats", "warmup_steps", "rounds", "threads"):
-            check_int(getattr(a, name), f"--{name.replace('_', '-')}", minimum=1)
-        if a.json_path:
-            _check_json_path(a.json_path)
+        _check_args(a)
+        with resultsfile.claimed(a.json_path, "--json", own=OWN) if a.json_path else contextlib.nullcontext():
+            return _run(a)
     except ValueError as err:
         p.error(str(err))
+
+
+def _check_args(a) -> None:
+    """What `labkit scale` refuses, fit-bench refuses too, in one line before any launch: counts, more workers
+    than cores, a batch that cannot fit in memory (LABKIT_MEMORY honoured), a --json target not its own."""
+    from labkit.scale import scaling
+    for name in ("np", "batch_size", "steps", "repeats", "warmup_steps", "rounds", "threads"):
+        check_int(getattr(a, name), f"--{name.replace('_', '-')}", minimum=1)
+    check_number(a.timeout, "--timeout", above=0)
+    scaling.check_cores([a.np])
+    scaling.check_memory("small_cnn", a.batch_size, a.np)
+    if a.json_path:
+        scaling._check_json_path(a.json_path)
+        resultsfile.check_target(a.json_path, "--json", own=OWN)
+
+
+def _run(a) -> int:
+    """The launches `labkit fit-bench` asked for, printed and (with --json) written."""
     if a.explain:
         print(f"labkit fit-bench --explain: {a.rounds} rounds of {len(LOOP_VARIANTS) + len(VARIANTS)} runs in one "
               f"{a.np}-worker launch ...", flush=True)

@@ -8,7 +8,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labkit.base.resultsfile import LOCK_TIMEOUT_S, RESULTS_RESERVE_BYTES, check_space, locked, target_of, write_text
+from labkit.base.resultsfile import (
+    LOCK_TIMEOUT_S,
+    RESULTS_RESERVE_BYTES,
+    check_space,
+    check_target,
+    json_lines,
+    locked,
+    target_of,
+    write_text,
+)
+
+OWN = json_lines("key")  # what a sweep results file holds: check_target refuses any other existing file
 
 
 def merge_records(path, records, key: str = "key", timeout: float = LOCK_TIMEOUT_S) -> list[dict]:
@@ -64,11 +75,13 @@ class ResultsNotSaved(OSError):
 def check_writable(path) -> None:
     """Raise ValueError naming `out` when the results file cannot be written there, or the disk has no room for
     it (before any compute): each write rewrites the whole file beside the old one, so the old file's size is
-    reserved with room for the new records. (05_network_sweep)"""
+    reserved with room for the new records. A file that exists and is not a sweep results file (or a device, a
+    pipe) is refused: the sweep writes only its own files. (05_network_sweep)"""
     path = Path(path)
     target_of(path)  # a symlink loop is one line
     if path.is_dir():
         raise ValueError(f"out must be a file path; {path} is a directory")
+    check_target(path, "out", own=OWN)
     for parent in path.parents:  # the nearest existing folder must be a folder
         if parent.exists():
             if not parent.is_dir():
