@@ -59,16 +59,25 @@ def cgroup_cpu_limit(root: Path | str = _CGROUP_ROOT) -> float | None:
 
 
 CORES_ENV, MEMORY_ENV, GPUS_ENV = "LABKIT_CORES", "LABKIT_MEMORY", "LABKIT_GPUS"
+MAX_CORES, MAX_GPUS, MIN_MEMORY = 4096, 1024, 256 * 2**20  # the bounds of the three settings
 
 
-def _env_count(name: str, unit: str, minimum: int, example: int) -> int | None:
-    """The whole number in environment variable `name`, None where it is unset or empty; ValueError naming it
-    when it is not a whole number >= minimum."""
+def setting(name: str) -> int | None:
+    """LABKIT_CORES (1..4096), LABKIT_GPUS (0..1024) or LABKIT_MEMORY (bytes, 256M or more) as a whole number,
+    None where unset or empty; one ValueError line naming the variable and what it takes otherwise. The one
+    reader of the three. (00_welcome)"""
     text = os.environ.get(name, "").strip()
     if not text:
         return None
-    if not text.isdigit() or int(text) < minimum:
-        raise ValueError(f"{name} must be a whole number of {unit} >= {minimum}, such as {example}; got {text!r}")
+    if name == MEMORY_ENV:
+        return parse_size(text, name, minimum=MIN_MEMORY)
+    bounds = {CORES_ENV: (1, MAX_CORES, "cores", 8), GPUS_ENV: (0, MAX_GPUS, "GPUs", 4)}
+    if name not in bounds:
+        raise ValueError(f"name must be {CORES_ENV}, {MEMORY_ENV} or {GPUS_ENV}; got {name!r}")
+    low, high, unit, example = bounds[name]
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise ValueError(f"{name} must be a whole number of {unit} from {low} to {high}, such as {example}; "
+                         f"got {text!r}")
     return int(text)
 
 
@@ -76,8 +85,11 @@ def cores() -> int:
     """CPU cores this process may use: its affinity mask, capped by its cgroup's CPU quota (rounded up), or
     LABKIT_CORES where set (fewer, to be polite on a shared node; or more, to ask what labkit would plan there).
     (00_welcome)"""
-    override = _env_count(CORES_ENV, "cores", 1, 8)
+    override = setting(CORES_ENV)
     return _usable_cores() if override is None else override
+
+
+_cores = cores  # for default_threads, whose `cores` argument hides the function
 
 
 _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the NVIDIA driver runs (Linux)
@@ -88,7 +100,7 @@ def gpus(driver_dir: Path | str = _NVIDIA_GPUS) -> int:
     labkit would do on a GPU node); else CUDA_VISIBLE_DEVICES' entries up to the first invalid one, as CUDA
     reads it; else the driver's count; 0 without a driver (macOS, a CPU node). Whether TensorFlow can use them
     (its CUDA build) is `labkit doctor`'s to say."""
-    override = _env_count(GPUS_ENV, "GPUs", 0, 4)
+    override = setting(GPUS_ENV)
     if override is not None:
         return override
     driver = Path(driver_dir)
@@ -115,15 +127,23 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb"
           "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40, "tib": 2**40}
 
 
-def parse_size(text: str, name: str = MEMORY_ENV) -> int:
+def parse_size(text: str, name: str = MEMORY_ENV, minimum: int = 2**20) -> int:
     """Bytes from a size such as '16G', '2GiB', '512M' or '1073741824' (K/M/G/T are powers of 1024, as
-    docker and Slurm read them); one ValueError line naming `name` otherwise."""
+    docker and Slurm read them), `minimum` bytes at least; one ValueError line naming `name` otherwise."""
     import re
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = match.group(2).lower() if match else None
-    if not match or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 2**20:
-        raise ValueError(f"{name} must be a size of 1M or more such as 16G, 2GiB or 512M; got {text!r}")
+    if not match or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < minimum:
+        raise ValueError(f"{name} must be a size of {_size_text(minimum)} or more, such as 16G, 2GiB or 512M "
+                         f"(K, M, G, T: powers of 1024); got {text!r}")
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+def _size_text(n: int) -> str:
+    for unit, size in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n} bytes"
 
 
 def cgroup_memory_limit(root: Path | str = _CGROUP_ROOT) -> int | None:
@@ -143,9 +163,9 @@ def cgroup_memory_limit(root: Path | str = _CGROUP_ROOT) -> int | None:
 def memory() -> int:
     """Bytes of memory this process may use: the machine's RAM capped by its cgroup's limit, or LABKIT_MEMORY
     where set (e.g. 16G). (00_welcome)"""
-    override = os.environ.get(MEMORY_ENV, "").strip()
-    if override:
-        return parse_size(override)
+    override = setting(MEMORY_ENV)
+    if override is not None:
+        return override
     import psutil
     total = psutil.virtual_memory().total
     limit = cgroup_memory_limit()
@@ -155,7 +175,7 @@ def memory() -> int:
 def memory_available() -> int:
     """Bytes free for new processes now: what the system says is available, within memory(); memory() itself
     where LABKIT_MEMORY is set (the plan is then for that machine, not this one)."""
-    if os.environ.get(MEMORY_ENV, "").strip():
+    if setting(MEMORY_ENV) is not None:
         return memory()
     import psutil
     return min(memory(), psutil.virtual_memory().available)
@@ -170,9 +190,10 @@ def _usable_cores() -> int:
 
 
 def default_threads(cores: int | None = None, local_size: int = 1) -> int:
-    """Threads per rank: the usable cores split evenly among the `local_size` ranks on this host, never 0. (04_horovod_scaling)"""
+    """Threads per rank: the usable cores (machine.cores(), LABKIT_CORES honoured) split evenly among the
+    `local_size` ranks on this host, never 0. (04_horovod_scaling)"""
     local_size = check_int(local_size, "local_size", minimum=1)
-    cores = _usable_cores() if cores is None else check_int(cores, "cores", minimum=1)
+    cores = _cores() if cores is None else check_int(cores, "cores", minimum=1)
     return max(1, cores // local_size)
 
 
@@ -209,7 +230,8 @@ def limit_threads(threads: int, tensorflow: bool = True) -> None:
 
 
 def thread_report() -> dict:
-    """This process's thread limits now: env vars, BLAS pools, TensorFlow's pools (if TF is imported). (05_network_sweep)"""
+    """This process's thread limits now: env vars, BLAS pools, TensorFlow's pools (if TF is imported).
+    (05_network_sweep)"""
     report = {var: os.environ.get(var) for var in THREAD_ENV_VARS}
     try:
         from threadpoolctl import threadpool_info

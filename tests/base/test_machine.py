@@ -288,3 +288,40 @@ def test_no_driver_is_no_gpu_and_labkit_gpus_overrides(monkeypatch, tmp_path):
         monkeypatch.setenv("LABKIT_GPUS", bad)
         with pytest.raises(ValueError, match="^LABKIT_GPUS must be a whole number"):
             machine.gpus()
+
+
+# ------------------------------------------------------------------ LABKIT_CORES, LABKIT_MEMORY, LABKIT_GPUS: one reader, bounded
+@pytest.mark.parametrize("name, bad, expected", [
+    ("LABKIT_CORES", "100000", "from 1 to 4096"), ("LABKIT_CORES", "4097", "from 1 to 4096"),
+    ("LABKIT_CORES", "٣", "from 1 to 4096"),  # an Arabic-Indic three: str.isdigit says yes, int() reads it
+    ("LABKIT_GPUS", "1025", "from 0 to 1024"),
+    ("LABKIT_MEMORY", "abc", "256M or more"), ("LABKIT_MEMORY", "0", "256M or more"),
+    ("LABKIT_MEMORY", "1", "256M or more"), ("LABKIT_MEMORY", "512k", "256M or more"),
+    ("LABKIT_MEMORY", "255M", "256M or more")])
+def test_each_setting_out_of_bounds_is_one_line_naming_it(monkeypatch, name, bad, expected):
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=f"^{name} must be .*{expected}") as err:
+        machine.setting(name)
+    assert "\n" not in str(err.value)
+    reader = {"LABKIT_CORES": machine.cores, "LABKIT_GPUS": machine.gpus, "LABKIT_MEMORY": machine.memory}[name]
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        reader()
+    if name == "LABKIT_MEMORY":
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            machine.memory_available()  # refused here too, not ignored
+
+
+@pytest.mark.parametrize("name, text, value", [("LABKIT_CORES", "4096", 4096), ("LABKIT_CORES", " 3 ", 3),
+                                               ("LABKIT_GPUS", "0", 0), ("LABKIT_GPUS", "1024", 1024),
+                                               ("LABKIT_MEMORY", "256M", 256 * 2**20), ("LABKIT_CORES", "", None)])
+def test_each_setting_at_its_bounds_is_read(monkeypatch, name, text, value):
+    monkeypatch.setenv(name, text)
+    assert machine.setting(name) == value
+
+
+def test_default_threads_honour_labkit_cores(monkeypatch):
+    monkeypatch.setenv("LABKIT_CORES", "3")
+    assert machine.default_threads() == 3 and machine.default_threads(local_size=2) == 1
+    monkeypatch.setenv("LABKIT_CORES", "100000")
+    with pytest.raises(ValueError, match="^LABKIT_CORES must be"):
+        machine.default_threads()  # not 100,000 threads per worker
