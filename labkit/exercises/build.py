@@ -29,7 +29,8 @@ _NUMBER = re.compile(r"\bExercise\s+(\d+\.\d+)\b")
 
 # Minutes per exercise (reading, doing, checking; the fast half of a room needs about half) and what to do with
 # it when short of time ("keep..." or "skip..."): the one home of these numbers, keyed by the number in the
-# exercise's title. labkit.exercises.schedule adds them to each notebook's minutes and writes docs/instructors.md's table.
+# exercise's title. labkit.exercises.schedule adds them to each notebook's minutes and writes docs/instructors.md's
+# table.
 MINUTES = {
     "1.1": (5, "keep"),
     "1.2": (5, "keep (the formula recurs in 02 and 03)"),
@@ -241,14 +242,43 @@ def _check_inodes(out_dir: Path, names) -> None:
                          f"build needs {need}); free some files there or choose another folder")
 
 
-def build(out_dir, source=None, force: bool = False) -> list[Path]:
-    """Write the learner edition of every course notebook into out_dir; returns the paths written.
+class Built(list):
+    """The notebooks build wrote (a list of paths), and .kept: the copies it kept of the notebooks it replaced."""
+
+    kept: list
+
+
+def _keep_copies(out_dir: Path, names) -> list[Path]:
+    """Copy each of names in out_dir (a learner's edits about to be replaced) into a new folder
+    out_dir/replaced-YYYYmmdd-HHMMSS/; a symlink in the way is not copied (its target is never written)."""
+    import time
+
+    from labkit.base import resultsfile
+    names = [n for n in names if not (out_dir / n).is_symlink()]
+    if not names:
+        return []
+    stamp, n = time.strftime("%Y%m%d-%H%M%S"), 0
+    while True:  # two builds in one second: a new folder each
+        folder = out_dir / (f"replaced-{stamp}" + (f"-{n}" if n else ""))
+        try:
+            folder.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+    return [resultsfile.write_bytes(folder / name, (out_dir / name).read_bytes(), follow_symlinks=False)
+            for name in names]
+
+
+def build(out_dir, source=None, force: bool = False) -> Built:
+    """Write the learner edition of every course notebook into out_dir; returns the paths written (.kept: the
+    copies of the notebooks it replaced).
 
     Never overwrites a notebook it did not write itself: out_dir's manifest records the SHA-256 of each file
     build wrote, and a notebook in the way with other content (a copy of the instructor edition, a learner's
-    edits) is refused, by name, unless force=True. Each file is replaced through labkit.base.resultsfile's writer:
-    a new directory entry, so a hard-linked copy never writes into the instructor's files, and a full disk
-    leaves every notebook either old or new, never half-written. (00_welcome)
+    edits) is refused, by name, unless force=True; with force, a copy of each such notebook is kept first in
+    out_dir/replaced-YYYYmmdd-HHMMSS/, so nothing a learner wrote is lost. Each file is replaced through
+    labkit.base.resultsfile's writer: a new directory entry, so a hard-linked copy never writes into the
+    instructor's files, and a full disk leaves every notebook either old or new, never half-written. (00_welcome)
     """
     import nbformat
 
@@ -268,9 +298,11 @@ def build(out_dir, source=None, force: bool = False) -> list[Path]:
         raise ValueError(f"{out_dir} holds notebooks that build did not write: {', '.join(foreign)}; they would "
                          "be overwritten. Choose an empty folder, or pass --force to replace them")
     out_dir.mkdir(parents=True, exist_ok=True)
-    resultsfile.check_space(out_dir / MANIFEST, sum(len(b) for b in rendered.values()) + 4096, "DIR")
-    _check_inodes(out_dir, rendered)
-    written, mine = [], _manifest(out_dir)
+    copies = sum((out_dir / n).stat().st_size for n in foreign if not (out_dir / n).is_symlink())
+    resultsfile.check_space(out_dir / MANIFEST, sum(len(b) for b in rendered.values()) + copies + 4096, "DIR")
+    _check_inodes(out_dir, [*rendered, *([f"copy of {n}" for n in foreign] + ["their folder"] * bool(foreign))])
+    written, mine = Built(), _manifest(out_dir)
+    written.kept = _keep_copies(out_dir, foreign)
     for name, data in rendered.items():
         target = out_dir / name
         # the manifest first names every content the file may hold (after builds stopped mid-write, any of
@@ -320,6 +352,9 @@ def cli_main(argv: list[str]) -> int:
         else:
             written = build(args.dir, args.source, force=args.force)
             print(f"learner edition: {len(written)} notebooks, {len(found)} exercises, in {Path(args.dir)}")
+            if written.kept:
+                print(f"the {len(written.kept)} notebook(s) it replaced are kept in {written.kept[0].parent}: "
+                      f"{', '.join(p.name for p in written.kept)}")
     except (OSError, ValueError) as err:
         print(f"labkit exercises: {err}", file=sys.stderr)
         return 2
