@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from labkit.base.checks import check_choice, check_int
 
@@ -92,32 +93,45 @@ def check_launcher(value, name: str = "launcher") -> str:
     return check_choice(value, name, LAUNCHERS)
 
 
-def choose_launcher(launcher: str = "auto", hosts=None, env=None, env_extra=None) -> tuple[str, dict, str]:
-    """(launcher, settings, note) of a launch. "auto" becomes "mpi" (mpirun) with FAST_MPI_SETTINGS, less any
-    the caller set in env (default os.environ) or env_extra, where Horovod was built with MPI and every rank
-    runs on this machine; else "gloo" (horovodrun), over the hosts or the Slurm allocation. An explicit
-    launcher stays as given, with no settings. note: one line saying which controller, with which
-    settings, and how to choose another."""
+class LauncherChoice(NamedTuple):
+    """choose_launcher's answer: the launcher a launch uses, the settings it adds to the ranks' environment,
+    and one line saying which controller, with which settings, and how to choose another."""
+    launcher: str
+    settings: dict
+    note: str
+
+
+def choose_launcher(launcher="auto", hosts=None, env=None, env_extra=None) -> LauncherChoice:
+    """(launcher, settings, note) of a launch: the one place that turns "auto" into a launcher. "auto" becomes
+    "mpi" (mpirun) with FAST_MPI_SETTINGS, less any the caller set in env (default os.environ) or env_extra,
+    where Horovod was built with MPI and every rank runs on this machine; else "gloo" (horovodrun), over the
+    hosts or the Slurm allocation. An explicit launcher stays as given, with no settings; a LauncherChoice
+    (made once for several launches) is returned as it is."""
+    if isinstance(launcher, LauncherChoice):
+        return launcher
     from labkit.scale import mpi
     check_launcher(launcher, "launcher")
     env = os.environ if env is None else env
     theirs = {**{k: env[k] for k in FAST_MPI_SETTINGS if k in env}, **(env_extra or {})}
     if launcher == "mpi":
-        return "mpi", {}, f"controller: MPI via mpirun ({mpi.describe()}), as chosen, with the settings you gave"
+        return LauncherChoice("mpi", {}, f"controller: MPI via mpirun ({mpi.describe()}), as chosen, with the "
+                                         "settings you gave")
     if launcher in ("gloo", "srun"):
         how = "horovodrun --gloo" if launcher == "gloo" else "srun"
-        return launcher, {}, f"controller: {'Gloo' if launcher == 'gloo' else 'MPI'} ({how}), as chosen"
+        return LauncherChoice(launcher, {}, f"controller: {'Gloo' if launcher == 'gloo' else 'MPI'} ({how}), as chosen")
     if not _on_this_machine(hosts, env):
-        return "gloo", {}, ("controller: Gloo (horovodrun --gloo) over the hosts (the default across machines); "
-                            "for mpirun over the same hosts: --launcher mpi (launcher='mpi')")
+        return LauncherChoice("gloo", {}, "controller: Gloo (horovodrun --gloo) over the hosts (the default "
+                                          "across machines); for mpirun over the same hosts: --launcher mpi "
+                                          "(launcher='mpi')")
     if not mpi.horovod_has_mpi():
-        return "gloo", {}, ("controller: Gloo (horovodrun --gloo): Horovod here was built without MPI; "
-                            "`make setup` builds it with Open MPI from PyPI, whose tuned exchange is faster")
+        return LauncherChoice("gloo", {}, "controller: Gloo (horovodrun --gloo): Horovod here was built without "
+                                          "MPI; `make setup` builds it with Open MPI from PyPI, whose tuned "
+                                          "exchange is faster")
     settings = {k: v for k, v in FAST_MPI_SETTINGS.items() if k not in theirs}
     shown = " ".join(f"{k}={theirs.get(k, v)}{' (yours)' if k in theirs else ''}" for k, v in FAST_MPI_SETTINGS.items())
-    return "mpi", settings, (f"controller: MPI via mpirun ({mpi.describe()}) with {shown}, the fastest measured "
-                             "on one machine, each of two or more workers on its own cores; for Gloo: --launcher gloo "
-                             "(launcher='gloo')")
+    return LauncherChoice("mpi", settings, f"controller: MPI via mpirun ({mpi.describe()}) with {shown}, the "
+                                           "fastest measured on one machine, each of two or more workers on its "
+                                           "own cores; for Gloo: --launcher gloo (launcher='gloo')")
 
 
 def core_binding(np_: int, threads=None, hosts=None, env=None) -> list[str]:

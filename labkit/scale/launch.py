@@ -37,6 +37,7 @@ from labkit.scale.horovod_info import horovodrun_path
 from labkit.scale.hosts import (  # noqa: F401  (where the ranks run: the launcher's inputs)
     FAST_MPI_SETTINGS,
     NODE_PREFIX,
+    LauncherChoice,
     check_launcher,
     choose_launcher,
     core_binding,
@@ -77,12 +78,11 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
 
     launcher: "gloo" (horovodrun --gloo), "mpi" (the mpirun of the MPI Horovod links, Open MPI 4 and 5 alike;
     export: the names of the variables it hands each rank, with -x, never their values), "srun" (Slurm
-    starts the ranks; needs a Horovod built with MPI), or "auto" (choose_launcher's choice). threads:
+    starts the ranks; needs a Horovod built with MPI), "auto" or a LauncherChoice (choose_launcher's). threads:
     compute threads per rank, for mpirun's placement (core_binding).
     """
     check_int(np_, "np", minimum=1)
-    if check_launcher(launcher, "launcher") == "auto":
-        launcher = choose_launcher(launcher, hosts, env)[0]
+    launcher = choose_launcher(launcher, hosts, env).launcher
     python = python or sys.executable
     worker = [python, "-m", module, *map(str, script_args)]
     if launcher == "srun":
@@ -359,7 +359,8 @@ def _stream_and_clean(proc, marker, state: dict, timeout, start, progress, label
 def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: float = 300, progress=True,
            env_extra=None, out_dir=None, tail_lines: int = 15, label: str | None = None,
            marker: str | None = None, module: str = WORKER, threads: int | None = None) -> list[dict]:
-    """Run `python -m module` (hvd_train) on np_ ranks: their results, or HorovodRunError with every process killed."""
+    """Run `python -m module` (hvd_train) on np_ ranks: their results, or HorovodRunError with every process killed.
+    launcher: a name, "auto", or a LauncherChoice made once for several launches (scaling.run's)."""
     check_number(timeout, "timeout", above=0)
     own_dir = out_dir is None
     out = Path(tempfile.mkdtemp(prefix="labkit-scale-")) if own_dir else Path(out_dir)
@@ -368,13 +369,13 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob("rank*.json"):
             old.unlink()
-        chosen, settings, note = choose_launcher(launcher, hosts, env_extra=env_extra)
-        if launcher == "auto" and progress:
-            print(note, flush=True)
+        choice = choose_launcher(launcher, hosts, env_extra=env_extra)
+        if launcher == "auto" and progress:  # a LauncherChoice was said by whoever made it
+            print(choice.note, flush=True)
         marker = marker or uuid.uuid4().hex
-        env = _launch_env(chosen, settings, env_extra, marker)
-        cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=chosen, hosts=hosts,
-                            export=sorted(env) if chosen == "mpi" else (), module=module, threads=threads)
+        env = _launch_env(choice.launcher, choice.settings, env_extra, marker)
+        cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=choice, hosts=hosts,
+                            export=sorted(env) if choice.launcher == "mpi" else (), module=module, threads=threads)
         label, start = label or f"np={np_}", time.perf_counter()
         proc = subprocess.Popen(_die_with_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=env, start_new_session=True, bufsize=1)

@@ -141,12 +141,11 @@ def _launches(nps, settings: RunSettings) -> list:
     s = settings.check(nps)
     s = _with_device(s, nps)
     # chosen once for every launch: "auto" is mpirun with Open MPI's tuned settings where Horovod has MPI
-    launcher, tuned, note = choose_launcher(s.launcher, s.hosts, env_extra=s.env_extra)
+    choice = choose_launcher(s.launcher, s.hosts, env_extra=s.env_extra)
     if s.progress:
-        print(note, flush=True)
-    env_extra = {**tuned, **(s.env_extra or {})}
-    return [launch(n, s.argv(n), launcher=launcher, hosts=s.hosts, timeout=s.timeout, progress=s.progress,
-                   env_extra=env_extra, threads=s.threads) for n in nps]
+        print(choice.note, flush=True)
+    return [launch(n, s.argv(n), launcher=choice, hosts=s.hosts, timeout=s.timeout, progress=s.progress,
+                   env_extra=s.env_extra, threads=s.threads) for n in nps]
 
 
 def per_rank(df):

@@ -303,7 +303,7 @@ def test_restarting_the_jupyter_kernel_mid_run_leaves_no_process(tmp_path):
         km.shutdown_kernel(now=True)
 
 
-# ---------------------------------------------------------------- MPI: mpirun directly, the default where Horovod has MPI
+# ------------------------------------------------------------ MPI: mpirun directly, the default where Horovod has MPI
 
 FAKE_MPIRUN = """#!{python}
 # Records its argv and environment, then plays np ranks: Open MPI 5's tagged output, one rank*.json each.
@@ -375,6 +375,27 @@ def test_launch_through_mpirun_passes_names_and_the_tuned_settings(fake_mpirun, 
     out = capsys.readouterr().out
     assert ("controller: MPI via mpirun (Open MPI 5.0.11" in out) is (launcher == "auto")
     assert ("--launcher gloo" in out) is (launcher == "auto")
+
+
+def test_auto_is_resolved_once_per_run_and_every_launch_takes_that_choice(monkeypatch):
+    """scaling.run asks choose_launcher once; launch and build_command take its LauncherChoice as it is."""
+    from helpers import fake_launch
+    from labkit.scale import mpi
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    asked = []
+    monkeypatch.setattr(mpi, "horovod_has_mpi", lambda: asked.append(1) or True)
+    monkeypatch.setattr(mpi, "describe", lambda: "Open MPI")
+    calls = []
+    monkeypatch.setattr(scaling, "launch", fake_launch(calls))
+    scaling.run([1, 2, 4], batch_size=8, progress=False, env_extra={"HOROVOD_CYCLE_TIME": "5"})
+    assert len(asked) == 1
+    choice = calls[0][2]["launcher"]
+    assert all(kw["launcher"] is choice for _, _, kw in calls) and choice.launcher == "mpi"
+    assert choice.settings == {"OMPI_MCA_mpi_yield_when_idle": "1"}  # the caller's cycle time kept as theirs
+    assert all(kw["env_extra"] == {"HOROVOD_CYCLE_TIME": "5"} for _, _, kw in calls)
+    monkeypatch.setattr(mpi, "mpirun_path", lambda: "/opt/mpi/bin/mpirun")
+    assert launch.build_command(2, [], launcher=choice)[0] == "/opt/mpi/bin/mpirun" and len(asked) == 1
+    assert launch.choose_launcher(choice, hosts="node1:1,node2:1") is choice
 
 
 def test_default_launcher_follows_the_build_and_the_hosts(monkeypatch):
