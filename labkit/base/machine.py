@@ -438,3 +438,14 @@ def describe(tensorflow: bool = True) -> str:
             lines.append(f"TensorFlow {version}: oneDNN kernels {'on' if on else 'off'} "
                          f"(TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')})")
     return "\n".join(lines)
+
+
+def refuse_more_than_cores(count: int, flag: str, what: str, wait: str) -> None:
+    """ValueError (one line, naming flag) when count processes (what: "ranks", "worker processes") would be more
+    than this machine's cores(): each would get a slice of a core and `wait`. `labkit scale --np` and `labkit
+    sweep --workers` both refuse so, unless --oversubscribe (04_horovod_scaling, 05_network_sweep)."""
+    have = cores()
+    if count > have:
+        raise ValueError(f"{flag} {count} starts more {what} than this machine has cores ({have}); each would get a "
+                         f"slice of a core and {wait}. Use {flag} up to {have}, or pass --oversubscribe to run it "
+                         "anyway")

@@ -246,11 +246,7 @@ def check_cores(nps, hosts=None, oversubscribe: bool = False, env=None) -> None:
     env = os.environ if env is None else env
     if oversubscribe or hosts is not None or env.get("SLURM_JOB_ID"):
         return
-    cores, most = machine.cores(), max(nps)
-    if most > cores:
-        raise ValueError(f"--np {most} starts more ranks than this machine has cores ({cores}); each would get a "
-                         f"slice of a core and the run may last the whole --timeout. Use --np up to {cores}, or "
-                         "pass --oversubscribe to run it anyway")
+    machine.refuse_more_than_cores(max(nps), "--np", "ranks", "the run may last the whole --timeout")
 
 
 def _with_device(s: RunSettings, nps, choose: bool = False) -> RunSettings:

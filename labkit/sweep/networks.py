@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from labkit import sweep
-from labkit.base import config, machine
+from labkit.base import config
 from labkit.base.checks import check_int, check_number
-from labkit.sweep.runner import pareto_front  # noqa: F401  (the front is the runner's; re-exported for the notebook)
+from labkit.sweep.runner import check_workers, pareto_front  # noqa: F401  (pareto_front: re-exported for 05)
 
 _KEYS = {"filters", "filter_size", "pool_size", "extra_conv"}
 
@@ -106,7 +106,8 @@ def recommend(df, max_accuracy_drop: float = 0.02, memory_budget_bytes: int | No
     memory_budget_bytes, if given, first removes networks that do not fit. Returns the chosen row. (05_network_sweep)
     """
     if not 0 <= max_accuracy_drop <= 1:
-        raise ValueError(f"max_accuracy_drop must be in [0, 1] (a fraction, 0.02 = 2 points); got {max_accuracy_drop!r}")
+        raise ValueError(f"max_accuracy_drop must be in [0, 1] (a fraction, 0.02 = 2 points); "
+                         f"got {max_accuracy_drop!r}")
     front = with_pareto(df)
     front = front[front.pareto]
     if memory_budget_bytes is not None:
@@ -255,7 +256,8 @@ class NetworkTrainer:
         train_time = time.perf_counter() - start
         _, accuracy = model.evaluate(x_test, y_test, batch_size=500, verbose=0)
         _, train_accuracy = model.evaluate(x_train, y_train, batch_size=500, verbose=0)  # as stored, no dropout
-        return {"accuracy": float(accuracy), "train_accuracy": float(train_accuracy), "params": model.count_params(), "memory_bytes": memory_footprint(model),
+        return {"accuracy": float(accuracy), "train_accuracy": float(train_accuracy), "params": model.count_params(),
+                "memory_bytes": memory_footprint(model),
                 "train_time_s": train_time, "dataset": dataset, "epochs": self.epochs,
                 "train_images": int(len(x_train)), "test_images": int(len(x_test))}
 
@@ -288,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the MATLAB white paper's 16 CIFAR-10 networks in parallel worker processes; each "
                     "result is saved as it lands, so an interrupted sweep resumes where it stopped.",
         epilog="Example: labkit sweep --workers 2 --out runs/sweep.jsonl --resume")
-    parser.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--workers", dest="num_workers", type=int, default=1,
+                        help="worker processes (default 1; run_sweep's num_workers)")
     parser.add_argument("--oversubscribe", action="store_true",
                         help="allow more workers than this machine has cores (each gets a slice of a core)")
     parser.add_argument("--threads-per-worker", type=_positive_int, default=None,
@@ -303,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=_positive_int, default=None, help="epochs per network (default: profile)")
     parser.add_argument("--train-size", type=_positive_int, default=None, help="training images (default: profile)")
     parser.add_argument("--test-size", type=_positive_int, default=None, help="test images (default: profile)")
-    parser.add_argument("--list", action="store_true", help="list the configs with parameters and memory; train nothing")
+    parser.add_argument("--list", action="store_true",
+                        help="list the configs with parameters and memory; train nothing")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -327,11 +331,7 @@ def _pick_configs(args) -> list[dict]:
         if unknown:
             raise ValueError(f"--configs has unknown names {', '.join(unknown)}; choose from {', '.join(by_name)}")
         configs = [by_name[n] for n in wanted]
-    cores = machine.cores()
-    if args.workers > cores and not args.oversubscribe and not args.list:
-        raise ValueError(f"--workers {args.workers} starts more worker processes than this machine has cores "
-                         f"({cores}); each would get a slice of a core and nothing would finish for minutes. Use "
-                         f"--workers up to {cores}, or pass --oversubscribe to run it anyway")
+    check_workers(args.num_workers, "--workers", oversubscribe=args.oversubscribe or args.list)
     return configs
 
 
@@ -367,9 +367,9 @@ def cli_main(argv: list[str]) -> int:
             return _fail(f"--resume: {why}; pass the settings it was made with, --overwrite, or another --out")
     print(config.describe())
     print("data set:", dataset_choice()[1])
-    print(f"{len(configs)} networks, {args.workers} workers, {trainer}", flush=True)
+    print(f"{len(configs)} networks, {args.num_workers} workers, {trainer}", flush=True)
     try:
-        run = sweep.run_sweep(configs, trainer, args.out, num_workers=args.workers,
+        run = sweep.run_sweep(configs, trainer, args.out, num_workers=args.num_workers,
                               threads_per_worker=args.threads_per_worker, resume=not args.overwrite,
                               progress=not args.no_progress)
     except KeyboardInterrupt:

@@ -225,6 +225,15 @@ def _bar(total, num_workers, skipped):
     return progress_bars.bar(total, f"sweep ({num_workers} workers)", "config", initial=skipped)
 
 
+def check_workers(num_workers, name: str = "num_workers", *, oversubscribe: bool = True) -> int:
+    """The sweep's worker count as an int >= 1 and, unless oversubscribe, no more than this machine's cores
+    (machine.refuse_more_than_cores, as `labkit scale --np`); else ValueError naming name. (05_network_sweep)"""
+    num_workers = check_int(num_workers, name, minimum=1)
+    if not oversubscribe:
+        machine.refuse_more_than_cores(num_workers, name, "worker processes", "nothing would finish for minutes")
+    return num_workers
+
+
 def _checked(configs, num_workers, threads_per_worker, max_new):
     """(configs as a list, their keys, threads per worker), or ValueError naming the bad argument."""
     configs = list(configs)
@@ -234,7 +243,7 @@ def _checked(configs, num_workers, threads_per_worker, max_new):
         if k in seen:
             raise ValueError(f"configs must be unique; {c!r} appears twice")
         seen.add(k)
-    check_int(num_workers, "num_workers", minimum=1)
+    check_workers(num_workers)
     threads = check_int(threads_per_worker if threads_per_worker is not None else
                         max(1, machine.cores() // num_workers), "threads_per_worker", minimum=1)
     if max_new is not None:

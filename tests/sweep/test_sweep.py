@@ -431,3 +431,23 @@ def test_sigkill_of_a_notebook_kernel_leaves_no_worker_behind(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_the_worker_count_has_one_check_and_the_cores_refusal_is_labkit_scales(monkeypatch):
+    """run_sweep's num_workers, `labkit sweep --workers` and `labkit scale --np` meet one check each way."""
+    from labkit.base import machine
+    from labkit.scale import scaling
+    from labkit.sweep import runner
+    monkeypatch.setattr(machine, "cores", lambda: 3)
+    assert runner.check_workers(3, oversubscribe=False) == 3 and runner.check_workers(9) == 9
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match=f"^num_workers must be an int >= 1; got {bad!r}$"):
+            runner.check_workers(bad)
+    with pytest.raises(ValueError, match=r"^--workers 4 starts more worker processes than this machine has "
+                                         r"cores \(3\); .* Use --workers up to 3, or pass --oversubscribe"):
+        runner.check_workers(4, "--workers", oversubscribe=False)
+    with pytest.raises(ValueError, match=r"^--np 4 starts more ranks than this machine has cores \(3\); .*"
+                                         r"whole --timeout\. Use --np up to 3, or pass --oversubscribe"):
+        scaling.check_cores([1, 4], env={})
+    with pytest.raises(ValueError, match="num_workers"):
+        sweep.run_sweep([{"i": 1}], lambda c: {}, "unused.jsonl", num_workers=0)
