@@ -19,7 +19,7 @@ from labkit.base import config
 # name -> (module, one-line help)
 COMMANDS = {
     "doctor": ("labkit.doctor", "check Python, TensorFlow, Horovod, GPUs, cores, memory, disk and data"),
-    "plan": ("labkit.base.plans", "the launches each notebook would make on this machine (LABKIT_CORES, LABKIT_MEMORY)"),
+    "plan": ("labkit.plan", "the launches each notebook would make on this machine (LABKIT_CORES, LABKIT_MEMORY)"),
     "data": ("labkit.data", "fetch or locate data sets (CIFAR-10) for offline compute nodes"),
     "flops": ("labkit.flops", "per-layer params, MACs and FLOPs of a named model"),
     "conv-bench": ("labkit.conv.bench_cli", "time naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50 layers"),

@@ -26,7 +26,7 @@ FLOORS = {
     "transfer": 7,  # 06
     "deepdive": 8,  # 07
     "widgets": 9, "exercises": 9,
-    "doctor": 10, "cli": 10, "__main__": 11,
+    "doctor": 10, "plan": 10, "cli": 10, "__main__": 11,
 }
 
 

@@ -1,22 +1,24 @@
-"""What each experiment launches on *this* machine: from the usable cores, memory and load, never 1..cores
-blindly. (04_horovod_scaling, 05_network_sweep, 07_scaling_deep_dive; `labkit plan`)
+"""How an experiment's launches are fitted to *this* machine: from the usable cores, memory and load, never
+1..cores blindly. The mechanism only; each lesson's own launches live in its room's `plan` module
+(labkit.conv.plan for 02, labkit.scale.plan for 04, labkit.sweep.plan for 05, labkit.deepdive.plan for 07),
+and labkit/plan.py hands them all to describe() for `labkit plan`. (04_horovod_scaling, 05_network_sweep,
+07_scaling_deep_dive)
 
     from labkit.base import plans
-    plans.scaling_workers()           # 04's worker counts here, e.g. [1, 2] on 2 cores, [1, 2, 8] on 64
-    plans.batch_size()                # 04's and 07's images per worker per step: 64 (128 in full), less where
-                                      # memory is short
-    print(plans.describe())           # every notebook's launches: workers, processes, peak memory, minutes
-    plans.say_if_short("05_network_sweep")  # one line when its largest run would not fit in the free memory
+    m = plans.here()                  # cores, free memory, load average (NaN where the system has none), GPUs
+    plans.log_spaced(6)               # [1, 2, 4, 6]: the worker counts of a full-profile curve
+    plans.memory_cap(m, per_worker)   # how many such workers fit beside the notebook's kernel
+    plans.fit_batch(64, 8, image_bytes, m)  # the batch, halved until 8 workers of it fit
+    plans.say_if_short(lesson.experiments)  # one line when the lesson's largest run would not fit
     plans.run_device(2, 4)            # "gpu": where `labkit scale`'s workers go on a 4-GPU node ("cpu" for 8)
 
-Rules: worker counts are log-spaced (1, 2, 4, 8, ...); the quick and workshop profiles make a handful of
-launches (04: at most 3 worker counts, 6 launches, 8 workers) on any machine; the full profile goes up to the
-whole node, minus the cores other programs keep busy (the load average); no plan needs more memory than the
-machine has (machine.memory_available(); LABKIT_MEMORY overrides): worker counts are capped at the profile's
-batch, then the batch is halved (to 16 at least) until the largest count fits; on 1 core the lessons that need
-two workers run two that share it, and the parallel sweep runs one. Memory and minutes are estimates from the
-reference machine (2 cores): a TensorFlow worker takes ~400 MiB and ~10 s of CPU to start, plus twice its
-batch's activations (labkit.flops' count; the backward pass keeps them and their gradients).
+Rules: worker counts are log-spaced (1, 2, 4, 8, ...); the full profile goes up to the whole node, minus the
+cores other programs keep busy (the load average; none counted where the system has no load average); no plan
+needs more memory than the machine has (machine.memory_available(); LABKIT_MEMORY overrides): worker counts are
+capped by the memory, then the batch is halved (to 16 at least) until the largest count fits. Memory and
+minutes are estimates from the reference machine (2 cores): a TensorFlow worker takes ~400 MiB and ~10 s of CPU
+to start, plus twice its batch's activations (labkit.flops' count; the backward pass keeps them and their
+gradients).
 """
 from __future__ import annotations
 
@@ -26,26 +28,17 @@ from dataclasses import asdict, dataclass
 MiB = 2**20
 KERNEL_BYTES = 600 * MiB  # the notebook's own kernel with TensorFlow loaded
 TF_WORKER_BYTES = 400 * MiB  # one training worker (Horovod rank): TensorFlow and its model, before its batch
-# activations kept per 32x32x3 image for the backward pass: labkit.flops' count (03_flops; tests hold them to it)
-IMAGE_BYTES = {"small_cnn": 135_208, "convblock_net": 2_814_504}
 BACKWARD = 2  # the backward pass holds the activations and their gradients
-BATCH = {"quick": 64, "workshop": 64, "full": 128}  # 04's and 07's images per worker per step, memory allowing
 SMOKE_BATCH, MIN_BATCH = 16, 16
-ROUNDS = {"quick": 0, "workshop": 2, "full": 3}  # 04's and 07's Gloo vs MPI rounds (CONTROLLER_ROUNDS there)
-SWEEP_WORKER_BYTES = 650 * MiB  # one of 05's sweep workers (a TensorFlow process with its data)
-PROBE_BYTES = 60 * MiB  # one single-thread numpy GEMM process (labkit.scale.probe)
 START_CPU_S = 10.0  # CPU seconds for a TensorFlow worker to import and build its model
-WORKSHOP_MAX_WORKERS, WORKSHOP_MAX_COUNTS = 8, 3
 PROFILES = ("quick", "workshop", "full")
-MODEL = {"quick": "small_cnn", "workshop": "small_cnn", "full": "convblock_net"}  # 04's and 07's MODEL
-TRAIN_CPU_S = {"quick": 0.5, "workshop": 2.0, "full": 150.0}  # one worker's timed + warm-up steps, one launch
-SWEEP_CPU_S = {"quick": 8.0, "workshop": 8.0, "full": 50.0}  # 05's timed networks, all of them, on one core
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What a plan is made for: usable cores, bytes free for new processes, 1-minute load average, and whether
-    that load was read from the host (False where LABKIT_CORES names the cores free for labkit)."""
+    """What a plan is made for: usable cores, bytes free for new processes, 1-minute load average (NaN where the
+    system keeps none), and whether that load was read from the host (False where LABKIT_CORES names the cores
+    free for labkit)."""
 
     cores: int
     memory: int
@@ -73,29 +66,38 @@ class Experiment:
 
 def here() -> Machine:
     """This machine as labkit sees it. LABKIT_CORES / LABKIT_MEMORY override the cores and the memory; with
-    LABKIT_CORES set the load average is not counted (the cores named are the ones free for labkit)."""
-    import os
-
+    LABKIT_CORES set the load average is not counted (the cores named are the ones free for labkit). The load
+    is NaN where the system keeps no load average (timing.load_average's contract): unknown, counted as 0."""
     from labkit.base import machine, timing
-    named = bool(os.environ.get(machine.CORES_ENV, "").strip())
-    load = 0.0 if named else timing.load_average()
-    return Machine(machine.cores(), machine.memory_available(), load if math.isfinite(load) else 0.0, not named,
+    named = machine.setting(machine.CORES_ENV) is not None
+    return Machine(machine.cores(), machine.memory_available(), 0.0 if named else timing.load_average(), not named,
                    machine.gpus())
 
 
-def _check(m: Machine, profile: str) -> None:
+def load(m: Machine) -> float:
+    """The load other programs put on m's cores: its load average, 0 where unknown (NaN)."""
+    return m.load if math.isfinite(m.load) else 0.0
+
+
+def resolve(profile: str | None = None, m: Machine | None = None) -> tuple[str, Machine]:
+    """The profile (default: LABKIT_PROFILE's) and the machine (default: here()), checked: one ValueError line
+    naming what is wrong."""
+    from labkit.base import config
     from labkit.base.checks import check_int, check_number
+    profile, m = profile or config.profile(), m or here()
     check_int(m.cores, "cores", minimum=1)
     check_int(m.memory, "memory", minimum=1)
-    check_number(m.load, "load", minimum=0)
+    if not math.isnan(m.load):  # NaN: no load average on this system, unknown
+        check_number(m.load, "load", minimum=0)
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}; got {profile!r}")
+    return profile, m
 
 
 def free_cores(m: Machine, profile: str) -> int:
     """Cores a plan may fill: all usable ones, except in the full profile on a loaded node, where the cores
     other programs keep busy (the load average, rounded down) are left to them."""
-    return max(1, m.cores - int(m.load)) if profile == "full" else m.cores
+    return max(1, m.cores - int(load(m))) if profile == "full" else m.cores
 
 
 def log_spaced(limit: int) -> list:
@@ -107,27 +109,23 @@ def log_spaced(limit: int) -> list:
     return counts + [limit]
 
 
-def _memory_cap(m: Machine, per_worker: int, extra: int = 0) -> int:
-    return max(1, (m.memory - KERNEL_BYTES - extra) // per_worker)
+def memory_cap(m: Machine, per_worker: int) -> int:
+    """How many processes of per_worker bytes fit in m's memory beside the notebook's kernel (1 at least)."""
+    return max(1, (m.memory - KERNEL_BYTES) // per_worker)
 
 
-def worker_bytes(model: str, batch: int) -> int:
-    """One training worker's memory estimate: TensorFlow and the model, plus its batch's activations twice."""
-    return TF_WORKER_BYTES + BACKWARD * batch * IMAGE_BYTES[model]
+def worker_bytes(image_bytes: int, batch: int) -> int:
+    """One training worker's memory estimate: TensorFlow and the model, plus its batch's activations
+    (image_bytes per image, labkit.flops' count) twice."""
+    return TF_WORKER_BYTES + BACKWARD * batch * image_bytes
 
 
-def scaling_workers(profile: str | None = None, m: Machine | None = None) -> list:
-    """04's worker counts (GEMM probe processes and training workers, one thread each) for this machine."""
-    from labkit.base import config
-    profile, m = profile or config.profile(), m or here()
-    _check(m, profile)
-    limit = min(free_cores(m, profile), _memory_cap(m, worker_bytes(MODEL[profile], BATCH[profile])))
-    if profile == "full":
-        return log_spaced(max(limit, 2))
-    if profile == "quick":
-        return [1, 2]
-    top = min(limit, WORKSHOP_MAX_WORKERS)
-    return sorted({1, 2, top})[:WORKSHOP_MAX_COUNTS]  # two at least: the exchange is the lesson
+def fit_batch(batch: int, workers: int, image_bytes: int, m: Machine) -> int:
+    """batch halved down to MIN_BATCH while `workers` training workers of it (and the kernel) would not fit in
+    m's memory."""
+    while batch > MIN_BATCH and KERNEL_BYTES + workers * worker_bytes(image_bytes, batch) > m.memory:
+        batch //= 2
+    return batch
 
 
 def run_device(ranks_per_host: int, gpus: int) -> str | None:
@@ -143,90 +141,27 @@ def run_device(ranks_per_host: int, gpus: int) -> str | None:
     return "gpu" if gpus >= ranks_per_host else "cpu"
 
 
-def batch_size(profile: str | None = None, m: Machine | None = None, workers: int | None = None) -> int:
-    """04's and 07's images per worker per step: the profile's (16 at smoke scale), halved down to MIN_BATCH
-    while `workers` of them (default: the largest of scaling_workers) would not fit in m's memory."""
-    from labkit.base import config
-    profile, m = profile or config.profile(), m or here()
-    _check(m, profile)
-    batch = config.by_profile(**BATCH, smoke=SMOKE_BATCH, name=profile)
-    workers = max(scaling_workers(profile, m)) if workers is None else workers
-    while batch > MIN_BATCH and KERNEL_BYTES + workers * worker_bytes(MODEL[profile], batch) > m.memory:
-        batch //= 2
-    return batch
-
-
-def sweep_workers(profile: str | None = None, m: Machine | None = None) -> list:
-    """05's parallel-sweep worker counts: 1 on one core, log-spaced up to the cores (+1 in the full profile)."""
-    from labkit.base import config
-    profile, m = profile or config.profile(), m or here()
-    _check(m, profile)
-    cores = free_cores(m, profile)
-    limit = min(cores + (profile == "full"), _memory_cap(m, SWEEP_WORKER_BYTES))
-    if cores == 1 or limit == 1:
-        return [1]
-    if profile == "full":
-        return log_spaced(limit)
-    return [1, 2]
-
-
-def _slowdown(busy: float, m: Machine) -> float:
+def slowdown(busy: float, m: Machine) -> float:
     """How much longer work takes when `busy` cores' worth of it, plus the load of other programs, share m's cores."""
-    return max(1.0, (busy + m.load) / m.cores)
+    return max(1.0, (busy + load(m)) / m.cores)
 
 
-def _launch_s(workers: int, m: Machine, profile: str, work_s: float) -> float:
-    """Seconds of one launch of `workers` processes: start-up and work, slowed when they and the machine's
-    load outnumber its cores."""
-    return (START_CPU_S + work_s) * _slowdown(workers, m)
+def launch_s(workers: int, m: Machine, work_s: float) -> float:
+    """Seconds of one launch of `workers` TensorFlow processes: start-up and work_s of CPU each, slowed when
+    they and the machine's load outnumber its cores."""
+    return (START_CPU_S + work_s) * slowdown(workers, m)
 
 
-def _shared(m: Machine) -> str:
+def shared(m: Machine) -> str:
+    """The note of a two-worker experiment on one core ('' on two or more)."""
     return "2 workers share 1 core: no speed-up here" if m.cores == 1 else ""
 
 
-def _im2col(profile: str, m: Machine) -> list:
-    minutes = {"quick": 0.3, "workshop": 0.5, "full": 2.0}[profile] * _slowdown(m.cores, m)
-    return [Experiment("02_im2col", "im2col timings and the chunk sweep (in the kernel)", (1,), 0, 1,
-                       KERNEL_BYTES + 300 * MiB, minutes, f"BLAS on {m.cores} thread{'s' * (m.cores > 1)}")]
-
-
-def _scaling(profile: str, m: Machine) -> list:
-    """04: the GEMM probe and training per worker count, then the 2-worker sync run and Gloo vs MPI rounds."""
-    counts, work = scaling_workers(profile, m), 2 * TRAIN_CPU_S[profile]
-    batch = batch_size(profile, m, max(counts))  # one batch for every launch of the notebook
-    worker = worker_bytes(MODEL[profile], batch)
-    pairs = 1 + 2 * ROUNDS[profile]
-    return [Experiment("04_horovod_scaling", "where the time goes: GEMM probe + training, per worker count",
-                       tuple(counts), 2 * len(counts), max(counts), KERNEL_BYTES + max(counts) * worker,
-                       sum(2.0 + _launch_s(n, m, profile, work) for n in counts) / 60, _shared(m), batch),
-            Experiment("04_horovod_scaling", "sync run + Gloo vs tuned MPI", (2,), pairs, 2,
-                       KERNEL_BYTES + 2 * worker, pairs * _launch_s(2, m, profile, work) / 60, _shared(m), batch)]
-
-
-def _sweep(profile: str, m: Machine) -> list:
-    sweep, repeats = sweep_workers(profile, m), {"quick": 1, "workshop": 2, "full": 3}[profile]
-    return [Experiment("05_network_sweep", "parallel sweep workers", tuple(sweep), len(sweep) * repeats,
-                       max(sweep), KERNEL_BYTES + max(sweep) * SWEEP_WORKER_BYTES,
-                       sum(repeats * _launch_s(n, m, profile, SWEEP_CPU_S[profile] / n) for n in sweep) / 60,
-                       "one core: the sweep runs one worker" if m.cores == 1 else "")]
-
-
-def _deep_dive(profile: str, m: Machine) -> list:
-    """07: every launch has 1 or 2 workers (exchange cost, controllers, the variants)."""
-    launches = 2 if profile == "quick" else 2 * 3 + 4 * ROUNDS[profile] + 4
-    batch = batch_size(profile, m, 2)
-    return [Experiment("07_scaling_deep_dive", "exchange cost, controllers, variants (2 workers)", (1, 2), launches, 2,
-                       KERNEL_BYTES + 2 * worker_bytes(MODEL[profile], batch),
-                       launches * _launch_s(2, m, profile, 2 * TRAIN_CPU_S[profile]) / 60, _shared(m), batch)]
-
-
-def experiments(profile: str | None = None, m: Machine | None = None) -> list:
-    """Every measuring notebook's experiments on machine m (default: here) in the profile (default: current)."""
-    from labkit.base import config
-    profile, m = profile or config.profile(), m or here()
-    _check(m, profile)
-    return _im2col(profile, m) + _scaling(profile, m) + _sweep(profile, m) + _deep_dive(profile, m)
+def experiments(planners, profile: str | None = None, m: Machine | None = None) -> list:
+    """The experiments of every planner (a lesson's experiments(profile, m)) on machine m (default: here) in the
+    profile (default: current), in the planners' order."""
+    profile, m = resolve(profile, m)
+    return [e for planner in planners for e in planner(profile, m)]
 
 
 def fits(plan: list, m: Machine) -> bool:
@@ -234,13 +169,12 @@ def fits(plan: list, m: Machine) -> bool:
     return all(e.peak_bytes <= m.memory for e in plan)
 
 
-def memory_line(notebook: str, profile: str | None = None, m: Machine | None = None, running: int = 0) -> str:
-    """One line, before any launch, when the notebook's largest run is estimated above the memory free here
-    (such a run would be stopped for lack of memory); '' when it fits or the notebook launches nothing planned.
+def memory_line(planner, profile: str | None = None, m: Machine | None = None, running: int = 0) -> str:
+    """One line, before any launch, when the largest run of a lesson's planner is estimated above the memory
+    free here (such a run would be stopped for lack of memory); '' when it fits or it launches nothing.
     running: bytes of the estimate already in use and outside m.memory (the notebook's own kernel, once started)."""
-    from labkit.base import config
-    profile, m = profile or config.profile(), m or here()
-    peak = max((e.peak_bytes for e in experiments(profile, m) if e.notebook == notebook), default=0)
+    profile, m = resolve(profile, m)
+    peak = max((e.peak_bytes for e in planner(profile, m)), default=0)
     if peak - running <= m.memory:
         return ""
     return (f"This machine has {m.memory / 2**30:.1f} GiB of memory free and this notebook's largest run is estimated "
@@ -249,38 +183,39 @@ def memory_line(notebook: str, profile: str | None = None, m: Machine | None = N
             "for lack of memory.")
 
 
-def say_if_short(notebook: str) -> None:
-    """Print memory_line(notebook) from the notebook's kernel (a measuring notebook's first cell) when memory is
-    short; nothing otherwise."""
+def say_if_short(planner) -> None:
+    """Print memory_line(planner) from the notebook's kernel (a measuring notebook's first cell, through its
+    lesson's plan.say_if_short()) when memory is short; nothing otherwise."""
     from labkit.base import machine
     m = here()
     # the free memory is the whole machine's (a cgroup's limit, LABKIT_MEMORY) with the kernel in it, or what the
     # system has left, the running kernel already out of it
     counted = m.memory >= machine.memory()
-    line = memory_line(notebook, m=m, running=0 if counted else KERNEL_BYTES)
+    line = memory_line(planner, m=m, running=0 if counted else KERNEL_BYTES)
     if line:
         print(line)
 
 
 def _header(profile: str, m: Machine) -> str:
-    import os
-
     from labkit.base import machine
-    memory = " (LABKIT_MEMORY)" if os.environ.get(machine.MEMORY_ENV, "").strip() else ""
-    load = (f"load average {m.load:.2f}" if m.load_counted else
-            "host load not counted (LABKIT_CORES names the cores free for labkit)")
+    memory = " (LABKIT_MEMORY)" if machine.setting(machine.MEMORY_ENV) is not None else ""
+    if not m.load_counted:
+        seen = "host load not counted (LABKIT_CORES names the cores free for labkit)"
+    elif math.isnan(m.load):
+        seen = "load unknown (this system keeps no load average; none counted)"
+    else:
+        seen = f"load average {m.load:.2f}"
     gpus = ""
     if m.gpus:
         gpus = (f"; {m.gpus} NVIDIA GPU{'s' * (m.gpus > 1)}: the notebooks' workers run on the CPU (`labkit scale` "
                 f"gives each worker a GPU, up to {m.gpus} per node)")
-    return f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free{memory}, {load}{gpus}"
+    return f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free{memory}, {seen}{gpus}"
 
 
-def describe(profile: str | None = None, m: Machine | None = None) -> str:
-    """A table of the launches each notebook would make on machine m (default: here)."""
-    from labkit.base import config
-    profile, m = profile or config.profile(), m or here()
-    plan = experiments(profile, m)
+def describe(planners, profile: str | None = None, m: Machine | None = None) -> str:
+    """A table of the launches of every planner's notebook on machine m (default: here)."""
+    profile, m = resolve(profile, m)
+    plan = experiments(planners, profile, m)
     lines = [_header(profile, m),
              f"{'notebook':<22} {'experiment':<60} {'workers':<18} {'batch':>5} {'launches':>8} {'peak MiB':>9} "
              f"{'minutes':>8}"]
@@ -293,18 +228,20 @@ def describe(profile: str | None = None, m: Machine | None = None) -> str:
     return "\n".join(lines)
 
 
-def cli_main(argv=None) -> int:
-    """`labkit plan`: the launches each notebook would make here (LABKIT_CORES / LABKIT_MEMORY to ask elsewhere)."""
+def main(argv, planners) -> int:
+    """`labkit plan` over the planners (labkit/plan.py hands it every lesson's): the table, or --json."""
     import argparse
     import json
-    p = argparse.ArgumentParser(prog="labkit plan", description=cli_main.__doc__)
+    p = argparse.ArgumentParser(prog="labkit plan", description="`labkit plan`: the launches each notebook would "
+                                "make here (LABKIT_CORES / LABKIT_MEMORY to ask elsewhere).")
     p.add_argument("--profile", choices=PROFILES, help="default: LABKIT_PROFILE (workshop)")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = p.parse_args(argv)
     m = here()
     if args.json:
-        doc = {"machine": asdict(m), "experiments": [asdict(e) for e in experiments(args.profile, m)]}
+        machine_doc = dict(asdict(m), load=m.load if math.isfinite(m.load) else None)  # null: unknown
+        doc = {"machine": machine_doc, "experiments": [asdict(e) for e in experiments(planners, args.profile, m)]}
         print(json.dumps(doc, indent=1))
     else:
-        print(describe(args.profile, m))
+        print(describe(planners, args.profile, m))
     return 0

@@ -26,15 +26,14 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     workers without gradient exchange (compute on a shared chip) and with Horovod's exchange, timed in
     alternating blocks of one launch per worker count (scaling.run_paired). Every worker owns one thread
     (threads=1) on the CPU, also on a GPU node (scaling.run's workers stay there). workers: default
-    labkit.base.plans.scaling_workers() (log-spaced, fitted to the cores, memory and load, at least 1 and 2).
+    labkit.scale.plans.scaling_workers() (log-spaced, fitted to the cores, memory and load, at least 1 and 2).
     run_kw: scaling.run_paired's (model, batch_size, steps, ...). Returns (table, horovod, no_sync): one row per
     worker count with GFLOP/s, images/s, speedup and efficiency of the three, and the two scaling.run_paired
     DataFrames.
     """
     import pandas as pd
 
-    from labkit.base import plans
-    from labkit.scale import probe
+    from labkit.scale import plans, probe
     if workers is None:
         workers = plans.scaling_workers()  # two at least: one exchange to measure
     workers = check_ints([workers] if isinstance(workers, int) else workers, "workers", minimum=1)

@@ -290,7 +290,7 @@ def test_no_driver_is_no_gpu_and_labkit_gpus_overrides(monkeypatch, tmp_path):
             machine.gpus()
 
 
-# ------------------------------------------------------------------ LABKIT_CORES, LABKIT_MEMORY, LABKIT_GPUS: one reader, bounded
+# ------------------------------------------ LABKIT_CORES, LABKIT_MEMORY, LABKIT_GPUS: one reader, bounded
 @pytest.mark.parametrize("name, bad, expected", [
     ("LABKIT_CORES", "100000", "from 1 to 4096"), ("LABKIT_CORES", "4097", "from 1 to 4096"),
     ("LABKIT_CORES", "٣", "from 1 to 4096"),  # an Arabic-Indic three: str.isdigit says yes, int() reads it

@@ -1,9 +1,15 @@
-"""labkit.base.plans: launches fitted to the cores, memory and load, checked at 1-128 cores and 2-256 GiB."""
+"""labkit.base.plans and the lessons' plans modules: launches fitted to the cores, memory and load, checked at
+1-128 cores and 2-256 GiB."""
+import math
+
 import pytest
 
 from labkit import cli
 from labkit.base import plans
 from labkit.base.plans import Machine
+from labkit.plan import PLANNERS
+from labkit.scale import plans as scale_plans
+from labkit.sweep import plans as sweep_plans
 
 GiB = 2**30
 CORES = (1, 2, 8, 64, 128)
@@ -17,7 +23,7 @@ def _scaling(plan):
 
 @pytest.mark.parametrize("m", SHAPES, ids=lambda m: f"{m.cores}cores-{m.memory // GiB}GiB")
 def test_workshop_makes_a_handful_of_launches_within_memory(m):
-    plan = plans.experiments("workshop", m)
+    plan = plans.experiments(PLANNERS, "workshop", m)
     scaling = _scaling(plan)
     assert scaling.launches <= 6 and max(scaling.workers) <= 8, scaling
     assert 2 in scaling.workers, "two workers at least: the exchange is the lesson"
@@ -29,7 +35,7 @@ def test_workshop_makes_a_handful_of_launches_within_memory(m):
 @pytest.mark.parametrize("m", SHAPES, ids=lambda m: f"{m.cores}cores-{m.memory // GiB}GiB")
 @pytest.mark.parametrize("profile", plans.PROFILES)
 def test_every_profile_fits_memory_and_counts_are_log_spaced(m, profile):
-    plan = plans.experiments(profile, m)
+    plan = plans.experiments(PLANNERS, profile, m)
     assert plans.fits(plan, m)
     for e in plan:
         counts = list(e.workers)
@@ -44,30 +50,30 @@ def test_every_profile_fits_memory_and_counts_are_log_spaced(m, profile):
 def test_one_core_plans(memory):
     m = Machine(1, memory)
     for profile in plans.PROFILES:
-        assert plans.sweep_workers(profile, m) == [1], "one core: the parallel sweep runs one worker"
-        assert plans.scaling_workers(profile, m) == [1, 2], "04's lesson: two workers sharing the core"
-        assert all(e.processes <= 2 for e in plans.experiments(profile, m))
+        assert sweep_plans.sweep_workers(profile, m) == [1], "one core: the parallel sweep runs one worker"
+        assert scale_plans.scaling_workers(profile, m) == [1, 2], "04's lesson: two workers sharing the core"
+        assert all(e.processes <= 2 for e in plans.experiments(PLANNERS, profile, m))
 
 
 def test_full_profile_scales_to_the_node():
     big = Machine(128, 256 * GiB)
-    assert plans.scaling_workers("full", big) == [1, 2, 4, 8, 16, 32, 64, 128]
-    assert plans.sweep_workers("full", big)[-1] == 129  # one past the cores: the curve flattens
+    assert scale_plans.scaling_workers("full", big) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert sweep_plans.sweep_workers("full", big)[-1] == 129  # one past the cores: the curve flattens
     # memory caps it: a convblock_net worker at batch 128 is 400 MiB + 2 x 128 x 2.81 MB = 1087 MiB, and
     # (8192 - 600) MiB hold 6 of them
-    assert plans.scaling_workers("full", Machine(128, 8 * GiB))[-1] == 6
+    assert scale_plans.scaling_workers("full", Machine(128, 8 * GiB))[-1] == 6
 
 
 def test_full_profile_leaves_the_loaded_cores_to_others():
-    assert plans.scaling_workers("full", Machine(64, 256 * GiB, load=40.2)) == [1, 2, 4, 8, 16, 24]
-    assert plans.scaling_workers("workshop", Machine(64, 256 * GiB, load=40.2)) == [1, 2, 8]
+    assert scale_plans.scaling_workers("full", Machine(64, 256 * GiB, load=40.2)) == [1, 2, 4, 8, 16, 24]
+    assert scale_plans.scaling_workers("workshop", Machine(64, 256 * GiB, load=40.2)) == [1, 2, 8]
 
 
 def test_workshop_by_hand():
-    assert plans.scaling_workers("workshop", Machine(2, 2 * GiB)) == [1, 2]
-    assert plans.scaling_workers("workshop", Machine(4, 8 * GiB)) == [1, 2, 4]
-    assert plans.scaling_workers("workshop", Machine(64, 16 * GiB)) == [1, 2, 8]
-    assert plans.scaling_workers("workshop", Machine(64, 2 * GiB)) == [1, 2, 3]  # (2048 - 600) // 400 MiB
+    assert scale_plans.scaling_workers("workshop", Machine(2, 2 * GiB)) == [1, 2]
+    assert scale_plans.scaling_workers("workshop", Machine(4, 8 * GiB)) == [1, 2, 4]
+    assert scale_plans.scaling_workers("workshop", Machine(64, 16 * GiB)) == [1, 2, 8]
+    assert scale_plans.scaling_workers("workshop", Machine(64, 2 * GiB)) == [1, 2, 3]  # (2048 - 600) // 400 MiB
     assert plans.log_spaced(6) == [1, 2, 4, 6] and plans.log_spaced(1) == [1]
 
 
@@ -75,9 +81,9 @@ def test_workshop_by_hand():
                                        (Machine(2, GiB, -1.0), "load")])
 def test_bad_machine_is_one_line_naming_it(bad, name):
     with pytest.raises(ValueError, match=f"^{name} must be"):
-        plans.experiments("workshop", bad)
+        plans.experiments(PLANNERS, "workshop", bad)
     with pytest.raises(ValueError, match="^profile must be"):
-        plans.experiments("huge", Machine(2, GiB))
+        plans.experiments(PLANNERS, "huge", Machine(2, GiB))
 
 
 def test_labkit_plan_on_a_64_core_node(monkeypatch, capsys):
@@ -122,9 +128,9 @@ def test_decompose_plans_by_default(monkeypatch):
 
 def test_minutes_grow_with_the_load_and_with_workers_sharing_a_core():
     quiet, busy = Machine(2, 8 * GiB), Machine(2, 8 * GiB, load=20.0)
-    for q, b in zip(plans.experiments("workshop", quiet), plans.experiments("workshop", busy)):
+    for q, b in zip(*(plans.experiments(PLANNERS, "workshop", m) for m in (quiet, busy))):
         assert b.minutes > 5 * q.minutes, (q, b)  # 20 other programs on 2 cores: each launch gets ~1/11 of them
-    one, two = plans.experiments("workshop", Machine(1, 8 * GiB)), plans.experiments("workshop", quiet)
+    one, two = (plans.experiments(PLANNERS, "workshop", m) for m in (Machine(1, 8 * GiB), quiet))
     sync = [e for e in one + two if e.name.startswith("sync run")]
     # two workers on one core take twice the time of two workers on two (the start-up included)
     assert sync[0].minutes == pytest.approx(2 * sync[1].minutes)
@@ -144,42 +150,42 @@ def test_labkit_plan_says_the_host_load_it_read(monkeypatch, capsys):
     ("full", Machine(1, 2 * GiB), 32),
     ("full", Machine(2, GiB), 16)])  # nothing fits: the batch stops at 16, and the plan warns
 def test_batch_is_the_profiles_halved_only_where_memory_is_short(profile, m, batch):
-    assert plans.batch_size(profile, m) == batch
-    assert all(e.batch in (0, batch) for e in plans.experiments(profile, m) if e.notebook.startswith("04"))
+    assert scale_plans.batch_size(profile, m) == batch
+    assert all(e.batch in (0, batch) for e in plans.experiments(PLANNERS, profile, m) if e.notebook.startswith("04"))
 
 
 def test_batch_at_smoke_scale(monkeypatch):
     monkeypatch.setenv("LABKIT_SMOKE", "1")
-    assert plans.batch_size("full", Machine(2, 24 * GiB)) == 16
+    assert scale_plans.batch_size("full", Machine(2, 24 * GiB)) == 16
 
 
 def test_a_worker_holds_twice_the_activations_labkit_flops_counts():
     """IMAGE_BYTES (kept so that `labkit plan` does not load TensorFlow) against labkit.flops' count of each model."""
     from labkit.scale import scaling
-    for model, per_image in plans.IMAGE_BYTES.items():
+    for model, per_image in scale_plans.IMAGE_BYTES.items():
         assert scaling.training_bytes(model)[0] == per_image, model
     # 400 MiB + 2 x 128 images x 2,814,504 bytes (labkit.flops' count)
-    assert plans.worker_bytes("convblock_net", 128) == 1_139_943_424
+    assert scale_plans.worker_bytes("convblock_net", 128) == 1_139_943_424
 
 
 def test_a_run_that_would_not_fit_is_said_before_it_starts():
     # 1 core, 1 GiB: 05's one sweep worker (650 MiB) beside the kernel (600 MiB) needs 1.2 GiB
-    line = plans.memory_line("05_network_sweep", "workshop", Machine(1, GiB))
+    line = plans.memory_line(sweep_plans.experiments, "workshop", Machine(1, GiB))
     assert "1.0 GiB of memory free" in line and "estimated to need 1.2 GiB (" in line, line
-    assert plans.memory_line("05_network_sweep", "workshop", Machine(2, 2 * GiB)) == ""  # Binder's box holds it
+    assert plans.memory_line(sweep_plans.experiments, "workshop", Machine(2, 2 * GiB)) == ""  # Binder's box holds it
     # from a running kernel outside a cgroup the free memory has the kernel out already: 650 MiB fit in 1 GiB
-    assert plans.memory_line("05_network_sweep", "workshop", Machine(1, GiB), running=plans.KERNEL_BYTES) == ""
-    assert plans.memory_line("03_flops", "workshop", Machine(1, 1)) == ""  # launches nothing planned
+    assert plans.memory_line(sweep_plans.experiments, "workshop", Machine(1, GiB), running=plans.KERNEL_BYTES) == ""
+    assert plans.memory_line(lambda profile, m: [], "workshop", Machine(1, 1)) == ""  # launches nothing
 
 
 def test_say_if_short_counts_the_kernel_in_labkit_memory(monkeypatch, capsys):
     monkeypatch.setenv("LABKIT_CORES", "1")
     monkeypatch.setenv("LABKIT_MEMORY", "1G")  # the whole machine's memory, the kernel's included
     monkeypatch.setenv("LABKIT_PROFILE", "workshop")
-    plans.say_if_short("05_network_sweep")
+    sweep_plans.say_if_short()
     assert "estimated to need 1.2 GiB (" in capsys.readouterr().out
     monkeypatch.setenv("LABKIT_MEMORY", "4G")
-    plans.say_if_short("05_network_sweep")
+    sweep_plans.say_if_short()
     assert capsys.readouterr().out == ""
 
 
@@ -209,8 +215,42 @@ def test_say_if_short_counts_the_kernel_once(monkeypatch, capsys):
     monkeypatch.delenv("LABKIT_MEMORY", raising=False)
     monkeypatch.setattr(machine, "memory", lambda: GiB)  # a 1 GiB box on an idle host: 1 GiB free, kernel in it
     monkeypatch.setattr(machine, "memory_available", lambda: GiB)
-    plans.say_if_short("05_network_sweep")
+    sweep_plans.say_if_short()
     assert "estimated to need 1.2 GiB (" in capsys.readouterr().out
     monkeypatch.setattr(machine, "memory", lambda: 8 * GiB)  # 8 GiB allowed, 1 GiB left after the kernel loaded
-    plans.say_if_short("05_network_sweep")
+    sweep_plans.say_if_short()
     assert capsys.readouterr().out == ""  # 650 MiB more fit in the 1 GiB left
+
+
+def test_no_load_average_is_unknown_said_in_one_line_and_never_raises(monkeypatch, capsys):
+    """A system without a load average (timing.load_average returns NaN there): `labkit plan` says so, exits 0,
+    and every notebook's first-cell call and plan counts no load."""
+    import json
+
+    from labkit.base import timing
+    from labkit.conv import plans as conv_plans
+    from labkit.deepdive import plans as deep_plans
+    monkeypatch.setattr(timing, "load_average", lambda: float("nan"))
+    for var in ("LABKIT_CORES", "LABKIT_MEMORY", "LABKIT_GPUS"):
+        monkeypatch.delenv(var, raising=False)
+    assert cli.main(["plan"]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[0]
+    assert "load unknown (this system keeps no load average; none counted)" in head, head
+    assert "nan" not in out.lower()
+    assert cli.main(["plan", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["machine"]["load"] is None  # strict JSON: no NaN token
+    for lesson in (conv_plans, scale_plans, sweep_plans, deep_plans):
+        lesson.say_if_short()  # the first cells of 02, 04, 05, 07
+    unknown, idle = Machine(8, 64 * 2**30, load=math.nan), Machine(8, 64 * 2**30)
+    for profile in plans.PROFILES:
+        assert plans.experiments(PLANNERS, profile, unknown) == plans.experiments(PLANNERS, profile, idle)
+
+
+def test_an_odd_machine_setting_is_one_line_from_labkit_plan(monkeypatch, capsys):
+    for var, bad in (("LABKIT_CORES", "100000"), ("LABKIT_MEMORY", "512k"), ("LABKIT_GPUS", "lots")):
+        monkeypatch.setenv(var, bad)
+        assert cli.main(["plan"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"labkit plan: {var} must be") and err.count("\n") == 1, err
+        monkeypatch.delenv(var)
