@@ -6,7 +6,8 @@ MATLAB's trainingOptions('sgdm', ...) in Keras terms:
   L2Regularization l2                        -> loss + l2/2 * sum(w**2) over conv/dense kernels (MATLAB's
                                                 convention; biases are not decayed, as MATLAB's BiasL2Factor 0)
   Plots 'training-progress'                  -> LiveProgress
-A run killed mid-way (a lease expiring, as Das's Chameleon slides warn) resumes from its last finished epoch: fit(..., backup_dir=D).
+A run killed mid-way (a lease expiring, as Das's Chameleon slides warn) resumes from its last finished epoch:
+fit(..., backup_dir=D). Each network's options as its source trained it: labkit.models.recipes.
 (01_cnn_basics)
 """
 from __future__ import annotations
@@ -20,54 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from labkit.base import config
 from labkit.base.checks import check_int, check_number
 from labkit.base.progress import in_jupyter
 
-# trainingOptions of the MATLAB white paper "Deep Learning in the Cloud", verbatim
-SWEEP_TRAINING = {"lr": 0.001, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 30, "l2": 0.004, "epochs": 40,
-           "batch_size": 100}
-# the options of MATLAB's example "Train Network in the Cloud Using Automatic Parallel Support", one GPU: batch 256, LR 0.1 x batch/256, 50 epochs, drop x0.1 at 45, L2 1e-10
-CONVBLOCK_TRAINING = {"lr": 0.1, "momentum": 0.9, "drop_factor": 0.1, "drop_period": 45, "l2": 1e-10, "epochs": 50,
-           "batch_size": 256, "augment": True}
-
-
-def sweep_options(profile: str | None = None) -> dict:
-    """The options of the MATLAB cloud white paper scaled to the profile: fewer epochs and images, so a larger LR to make up for it.
-
-    full is the paper's recipe on all of CIFAR-10 (40 epochs x 500 steps of LR 0.001). quick and workshop take
-    ~1/100 and ~1/20 of the steps, so they start at a larger LR (0.02, 0.01) and still drop it x0.1 before the
-    end, as the paper does.
-    """
-    opts = dict(SWEEP_TRAINING, augment=False)
-    opts.update(config.by_profile(
-        quick={"lr": 0.02, "epochs": 4, "drop_period": 3, "n_train": 5000, "n_test": 1000},
-        workshop={"lr": 0.01, "epochs": 10, "drop_period": 8, "n_train": 10000, "n_test": 2000},
-        full={"n_train": 50000, "n_test": 10000},
-        smoke={"lr": 0.02, "epochs": 10, "drop_period": 8, "n_train": 1000, "n_test": 500}, name=profile))
-    return opts
-
-
-def convblock_options(profile: str | None = None, num_gpus: int = 1) -> dict:
-    """The options of MATLAB's cloud-training example (batch 256 per GPU, LR scaled with batch); full reproduces its 0.8938 set-up.
-
-    It costs ~17x the FLOPs per image of the MATLAB cloud white paper's network: quick skips training it (epochs 0), workshop runs a token amount.
-    """
-    opts = dict(CONVBLOCK_TRAINING)
-    opts["batch_size"] = 256 * num_gpus
-    opts["lr"] = scaled_lr(0.1, opts["batch_size"], base_batch_size=256)
-    opts["bn_momentum"] = 0.99  # Keras's default; the workshop's ~120 steps need faster-moving test statistics
-    opts.update(config.by_profile(
-        quick={"epochs": 0, "drop_period": 1, "n_train": 0, "n_test": 0, "batch_size": 100, "lr": 0.05},
-        workshop={"epochs": 4, "drop_period": 3, "n_train": 3000, "n_test": 1000, "batch_size": 100, "lr": 0.05,
-                  "bn_momentum": 0.9},
-        full={"n_train": 50000, "n_test": 10000},
-        smoke={"epochs": 1, "drop_period": 1, "n_train": 512, "n_test": 256}, name=profile))
-    return opts
-
 
 def scaled_lr(base_lr: float, batch_size: int, base_batch_size: int = 256) -> float:
-    """Linear scaling rule (Goyal et al.; MATLAB's cloud-training example's LR 0.1 x batch/256): LR grows with the batch size."""
+    """Linear scaling rule (Goyal et al.; MATLAB's cloud-training example's LR 0.1 x batch/256): LR grows with the
+    batch size."""
     check_int(batch_size, "batch_size", minimum=1)
     check_int(base_batch_size, "base_batch_size", minimum=1)
     return base_lr * batch_size / base_batch_size
@@ -469,7 +429,7 @@ def plot_filters(model, layer=None):
     """First-layer (or the named Conv2D layer's) filters as small RGB images, each scaled to [0, 1]."""
     import matplotlib.pyplot as plt
 
-    convs = [l for l in model.layers if isinstance(l, tf.keras.layers.Conv2D)]
+    convs = [lay for lay in model.layers if isinstance(lay, tf.keras.layers.Conv2D)]
     conv = model.get_layer(layer) if layer else convs[0]
     w = conv.kernel.numpy()  # (kh, kw, c_in, c_out)
     if w.shape[2] != 3:

@@ -201,9 +201,9 @@ class NetworkTrainer:
         the extra conv layer stayed at chance. Fewer images seen more often also make the paper's overfitting
         visible. (05_network_sweep)
         """
-        from labkit.base import training
+        from labkit.models import recipes
 
-        opts = training.sweep_options(name)
+        opts = recipes.sweep_options(name)
         settings = dict(lr=opts["lr"], l2=opts["l2"], batch_size=opts["batch_size"])
         settings.update(config.by_profile(
             quick=dict(epochs=1, train_size=1000, test_size=500, batch_size=25),

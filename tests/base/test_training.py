@@ -62,18 +62,6 @@ def test_schedule_bad_input_names_the_parameter(kwargs, word):
         training.PiecewiseLR(**args)
 
 
-def test_options_follow_the_seeds_and_profile():
-    full = training.sweep_options("full")
-    assert (full["lr"], full["drop_factor"], full["drop_period"], full["l2"], full["epochs"], full["batch_size"]) \
-        == (0.001, 0.1, 30, 0.004, 40, 100)
-    quick = training.sweep_options("quick")
-    assert quick["epochs"] < full["epochs"] and quick["n_train"] < full["n_train"]
-    assert quick["drop_period"] < quick["epochs"]  # the drop still happens, as in the paper
-    s2 = training.convblock_options("full", num_gpus=4)
-    assert (s2["batch_size"], s2["lr"], s2["epochs"], s2["drop_period"]) == (1024, pytest.approx(0.4), 50, 45)
-    assert s2["augment"] is True
-
-
 # --- SGDM + L2 -------------------------------------------------------------------------------------------
 
 

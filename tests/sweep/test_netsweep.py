@@ -192,7 +192,7 @@ def test_cli_sigkill_leaves_no_tensorflow_worker(tmp_path):
 
 def test_conv_block_net_bn_momentum_option():
     # 01's short workshop run needs faster-moving BatchNorm statistics; the default stays Keras's 0.99
-    from labkit.base import training
+    from labkit.models import recipes
     from labkit.models.cifar import convblock_net
 
     def moms(m):
@@ -200,6 +200,6 @@ def test_conv_block_net_bn_momentum_option():
 
     assert moms(convblock_net(width=4, block_depth=1)) == {0.99}
     assert moms(convblock_net(width=4, block_depth=1, bn_momentum=0.9)) == {0.9}
-    assert training.convblock_options("full")["bn_momentum"] == 0.99
+    assert recipes.convblock_options("full")["bn_momentum"] == 0.99
     with pytest.raises(ValueError, match="^bn_momentum must be"):
         convblock_net(bn_momentum=1.0)
