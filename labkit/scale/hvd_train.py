@@ -6,8 +6,9 @@ Every rank runs this same file. Each rank: `hvd.init()`; limits its own threads 
 ranks, so N ranks never oversubscribe the machine); pins one GPU by local rank where GPUs exist; reads
 only its 1/N shard of the data (an epoch is split, never repeated N times); starts from rank 0's weights
 (broadcast); averages gradients with `hvd.DistributedOptimizer` (ring allreduce); and writes its own
-JSON result (`rank{R}.json`): images/s per timed repeat, step times, final loss (averaged over ranks),
-and a checksum of its final weights. Equal checksums on all ranks are the proof that they stayed in sync.
+JSON result (`rank{R}.json`, whose schema is labkit.scale.records.RankRecord): images/s per timed repeat,
+step times, final loss (averaged over ranks), and a checksum of its final weights. Equal checksums on all
+ranks are the proof that they stayed in sync.
 Rank 0 alone prints progress, writes the log and the checkpoint. Warm-up steps (graph tracing, first
 allocations) are run but never timed.
 
@@ -37,6 +38,7 @@ from pathlib import Path
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported)
 from labkit.base.checks import check_int
 from labkit.scale import settings
+from labkit.scale.records import RankRecord
 from labkit.scale.settings import DATA, DEFAULT_MODEL, DEVICES, RunSettings, num_examples_for  # noqa: F401
 
 PROGRESS_TAG = "LABKIT_PROGRESS"  # rank 0's progress lines, parsed by labkit.scale.scaling.run
@@ -348,8 +350,8 @@ def _timing(args, t: dict, comm_tids, network_role: str) -> dict:
             **rankstats.summarize_times(t["step"], args.batch_size, args.steps)}
 
 
-def train(args) -> dict:
-    """This rank's training run, as its result dict (rank{R}.json)."""
+def train(args) -> RankRecord:
+    """This rank's training run, as its result dict (rank{R}.json; its schema: labkit.scale.records.RankRecord)."""
     tf, hvd, threads, n_gpus, comm_tids = _setup(args)
     rank, size = hvd.rank(), hvd.size()
     batches, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
@@ -381,7 +383,7 @@ def train(args) -> dict:
     # what the optimizer trains: BatchNorm's moving mean/variance follow each rank's own shard (Horovod does
     # not average them), so they differ across ranks even when every trained weight agrees
     weights = [v.numpy() for v in model.trainable_weights]
-    result = {
+    result: RankRecord = {
         "rank": rank, "size": size, "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
         "host": os.uname().nodename, "pid": os.getpid(), "threads": threads, "gpus_visible": n_gpus,
         "controller": controller, "tuning": {k: os.environ[k] for k in TUNING_ENV if k in os.environ},

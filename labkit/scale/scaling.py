@@ -26,6 +26,7 @@ import numpy as np
 from labkit.base import config, machine, plans
 from labkit.scale import settings
 from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, launch_problem, take_slots
+from labkit.scale.records import ScaleDocument, ScaleRun
 from labkit.scale.settings import (  # noqa: F401  (check_model, model_names: also reachable as scaling's)
     CLI_TIMEOUT,
     DEFAULT_MODEL,
@@ -157,24 +158,26 @@ def per_rank(df):
     return pd.DataFrame(rows).rename(columns={"size": "np"})
 
 
-def to_json(df, **extra) -> dict:
-    """The `labkit scale --json` document (DESIGN.md contract), plus the settings in extra."""
+def to_json(df, **extra) -> ScaleDocument:
+    """The `labkit scale --json` document (its schema and contract: labkit.scale.records), plus the settings in
+    extra."""
     import pandas as pd
     runs = []
     for _, r in df.iterrows():
-        runs.append({"np": int(r["np"]), "images_per_sec": float(r["images_per_sec"]),
-                     "images_per_sec_std": float(r["images_per_sec_std"]),
-                     "efficiency": float(r["efficiency"]), "speedup": float(r["speedup"]),
-                     "checksums": list(r["checksums"]), "in_sync": bool(r["in_sync"]),
-                     "batch_size": int(r["batch_size"]), "global_batch_size": int(r["global_batch_size"]),
-                     "step_time_s": float(r["step_time_s"]), "final_loss": float(r["final_loss"]),
-                     "threads": int(r["threads"])})
+        run = ScaleRun(np=int(r["np"]), images_per_sec=float(r["images_per_sec"]),
+                       images_per_sec_std=float(r["images_per_sec_std"]),
+                       efficiency=float(r["efficiency"]), speedup=float(r["speedup"]),
+                       checksums=list(r["checksums"]), in_sync=bool(r["in_sync"]),
+                       batch_size=int(r["batch_size"]), global_batch_size=int(r["global_batch_size"]),
+                       step_time_s=float(r["step_time_s"]), final_loss=float(r["final_loss"]),
+                       threads=int(r["threads"]))
         if "controller" in r and isinstance(r["controller"], str):  # what the ranks themselves ran
-            runs[-1]["controller"], runs[-1]["tuning"] = r["controller"], dict(r["tuning"] or {})
+            run["controller"], run["tuning"] = r["controller"], dict(r["tuning"] or {})
         for extra_key in ("p10_efficiency", "cpu_efficiency", "step_time_p10_s", "cpu_step_time_s"):
             if extra_key in r and pd.notna(r[extra_key]):
-                runs[-1][extra_key] = float(r[extra_key])
-    return {"runs": runs, "all_in_sync": all(x["in_sync"] for x in runs), **extra}
+                run[extra_key] = float(r[extra_key])
+        runs.append(run)
+    return ScaleDocument(runs=runs, all_in_sync=all(x["in_sync"] for x in runs), **extra)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,7 +399,7 @@ def _measure(a, s: RunSettings):
 
 
 def _report(a, s: RunSettings, df, free) -> dict:
-    """Print one line per worker count and return the `--json` document (DESIGN.md's contract)."""
+    """Print one line per worker count and return the `--json` document (labkit.scale.records.ScaleDocument)."""
     print(f"the ranks trained on: {df['data'].iloc[0]}")
     doc = to_json(df, model=s.model, scaling=s.scaling, steps=s.steps, repeats=s.repeats,
                   warmup_steps=s.warmup_steps, data=str(df["data"].iloc[0]), launcher=s.launcher,
