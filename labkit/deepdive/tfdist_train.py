@@ -23,6 +23,15 @@ from pathlib import Path
 from labkit.base.checks import check_int
 
 
+def distributed_lines() -> int:
+    """Lines of this file's step written for distribution (between its two "distributed part" markers): what
+    07 counts against Horovod's 4. (07_scaling_deep_dive)"""
+    src = Path(__file__).read_text().splitlines()
+    start = src.index(next(ln for ln in src if ln.strip().startswith("# --- the distributed part")))
+    end = src.index(next(ln for ln in src if ln.strip().startswith("# --- end of the distributed part")))
+    return end - start - 1
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m labkit.deepdive.tfdist_train", description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", required=True, help="HOST:PORT of every worker, comma-separated, in order")

@@ -211,11 +211,9 @@ def tfdist_vs_horovod(rates=("1gbit", "50mbit"), model="convblock_net", batch_si
                      "tfdist_step_s": _median(tfd), "horovod_launches_s": hv, "tfdist_launches_s": tfd,
                      "checksums": sums})
         progress(f"{rate}: Horovod {_median(hv) * 1e3:.0f} ms, MultiWorkerMirroredStrategy {_median(tfd) * 1e3:.0f} ms")
-    src = (ROOT / "labkit" / "tfdist_train.py").read_text().splitlines()
-    a = next(i for i, ln in enumerate(src) if "--- the distributed part" in ln)
-    b = next(i for i, ln in enumerate(src) if "--- end of the distributed part" in ln)
+    from labkit.deepdive import tfdist_train
     return {"model": model, "batch_size_per_rank": batch_size, "np": 2, "date": time.strftime("%Y-%m-%d"),
-            "settings": rows, "tfdist_distributed_lines": b - a - 1,
+            "settings": rows, "tfdist_distributed_lines": tfdist_train.distributed_lines(),
             "horovod_distributed_lines": 4}  # hvd.init, DistributedGradientTape, 2 x broadcast_variables
 
 

@@ -39,3 +39,12 @@ def test_free_ports_are_distinct():
 def test_bad_input_names_the_parameter(call, word):
     with pytest.raises(ValueError, match=word):
         call()
+
+
+def test_the_distributed_part_is_counted_from_this_file():
+    """vcluster.tfdist_vs_horovod's line count (it read labkit/tfdist_train.py, a path two moves old): the 21 lines
+    notebooks/results/tfdist.json holds, as 07 prints them."""
+    import json
+    from pathlib import Path
+    saved = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "results" / "tfdist.json").read_text())
+    assert tfdist_train.distributed_lines() == saved["tfdist_distributed_lines"] == 21
