@@ -305,12 +305,12 @@ def _child_bytes(model: str) -> tuple[int, int]:
 
 def check_memory(model: str, batch_size: int, ranks_here: int, available=None) -> None:
     """ValueError (one line, naming --batch-size, with the estimate) when ranks_here ranks training model on
-    batch_size images each cannot fit in this machine's available memory (other hosts are taken to be alike).
+    batch_size images each cannot fit in this machine's available memory (machine.memory_available, so
+    LABKIT_MEMORY is honoured; other hosts are taken to be alike).
     The estimate is training_bytes: a floor, since TensorFlow needs more (gradients of the activations,
     workspace), so a batch refused here could never have run."""
-    import psutil
     per_image, state = _child_bytes(model)
-    available = psutil.virtual_memory().available if available is None else available
+    available = machine.memory_available() if available is None else available  # LABKIT_MEMORY honoured
     per_rank = batch_size * per_image + state
     if ranks_here * per_rank <= available:
         return

@@ -192,3 +192,14 @@ def test_vcluster_hosts_from_the_host_are_refused_and_allowed_from_a_node(tmp_pa
         assert e.value.code == 2 and err.count("\n") == 1 and "vcluster.sh exec labkit-node1" in err
     finally:
         subprocess.run(["umount", str(node)], check=False)
+
+
+def test_the_memory_check_reads_labkit_memory(monkeypatch):
+    """LABKIT_MEMORY (machine.memory_available) decides, not psutil's view of this machine."""
+    from labkit.scale import scaling
+    monkeypatch.setattr(scaling, "_child_bytes", lambda model: (10**6, 10**8))  # 1 MB per image, 100 MB state
+    monkeypatch.setenv("LABKIT_MEMORY", "1G")
+    with pytest.raises(ValueError, match=r"--batch-size 4096 cannot fit.*1\.00 GiB available\. Use --batch-size 973"):
+        scaling.check_memory("small_cnn", 4096, 1)
+    monkeypatch.setenv("LABKIT_MEMORY", "64G")
+    scaling.check_memory("small_cnn", 4096, 2)
