@@ -68,8 +68,9 @@ def observation(holds, what: str, here: str = "", reference: str = "", why: str 
     log = os.environ.get(LOG_ENV, "").strip()
     if log:  # scripts/binder_box.py counts them per notebook and machine shape
         from labkit.base import resultsfile
-        old = Path(log).read_text(encoding="utf-8") if Path(log).is_file() else ""
-        resultsfile.write_text(log, old + line + "\n")
+        with resultsfile.locked(log):  # notebooks run side by side append to one log: none may lose another's line
+            old = Path(log).read_text(encoding="utf-8") if Path(log).is_file() else ""
+            resultsfile.write_text(log, old + line + "\n")
     return None
 
 

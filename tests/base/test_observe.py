@@ -84,3 +84,22 @@ def test_observations_that_did_not_hold_are_logged_where_asked(monkeypatch, tmp_
     lines = log.read_text().splitlines()
     assert len(lines) == 2 and "two workers beat one" in lines[0] and "the loops are slower" in lines[1]
     assert capsys.readouterr().out.splitlines() == lines
+
+
+def test_the_log_is_rewritten_under_its_lock(monkeypatch, tmp_path, capsys):
+    """Notebooks run side by side (binder_box's shapes) append to one log: each read-and-rewrite holds
+    resultsfile's lock, so no writer rewrites the file with another's line missing."""
+    from labkit.base import resultsfile
+    log = tmp_path / "seen.txt"
+    monkeypatch.setenv(observe.STRICT_ENV, "0")
+    monkeypatch.setenv(observe.LOG_ENV, str(log))
+    held, write = [], resultsfile.write_text
+
+    def write_text(path, text, **kw):
+        held.append(resultsfile.lock_path(path).exists())
+        return write(path, text, **kw)
+
+    monkeypatch.setattr(resultsfile, "write_text", write_text)
+    observe.observation(False, "two workers beat one")
+    assert held == [True]
+    assert log.read_text().count("\n") == 1 and not resultsfile.lock_path(log).exists()  # let go once written
