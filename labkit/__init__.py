@@ -2,7 +2,7 @@
 
 Its folders are the course's chapters:
 
-    base/       00, 01: configuration, the machine, timing, training, the doctor
+    base/       00, 01: configuration, the machine, timing, training, the plans' mechanism
     data/       01 on: CIFAR-10 verified before it is read, and an offline set
     models/     01, 03: every network the course builds, by name
     conv/       02_im2col: convolution as one matrix multiply
@@ -10,8 +10,11 @@ Its folders are the course's chapters:
     scale/      04_horovod_scaling and its deep dive: Horovod data-parallel training
     sweep/      05_network_sweep: 16 networks in parallel workers, the Pareto front
     transfer/   06_transfer_learning: freezing and per-layer learning rates
+    deepdive/   07_scaling_deep_dive: what 04's launches hide, taken apart
     exercises/  the exercises' checkers and the learner edition
     widgets/    the notebooks' interactive explorers
+    doctor.py   `labkit doctor`: Python, TensorFlow, Horovod, GPUs, cores, memory, disk and data, checked
+    plan.py     `labkit plan`: every lesson's launches on this machine
     cli.py      the `labkit` command: a thin shell over the packages
 
 Imports point down the course: the base imports no lesson; a lesson may use an earlier lesson's API.

@@ -4,6 +4,8 @@
     config      run profile (quick / workshop / full), seeds, the data directory
     machine     usable cores, thread limits, numpy's BLAS, TensorFlow's oneDNN switch
     timing      timing done right: warm-up, repeats, load average, the machine's GEMM rate
+    observe     invariants and observations: what this machine showed against the reference machine, in one line
+    plans       launches fitted to this machine's cores, memory and load (each lesson's own: its plans module)
     pixels      the pixel transform every model sees (CIFAR-10's per-channel mean and std)
     training    the training step, LR schedules, live progress, resume, evaluation
     progress    progress bars whose final state is what a saved notebook keeps
@@ -14,4 +16,5 @@
 The base imports nothing of labkit but itself (tests/test_layers.py reads every import, those inside functions too).
 """
 
-__all__ = ["checks", "config", "machine", "pixels", "progress", "rankstats", "resultsfile", "timing", "training"]
+__all__ = ["checks", "config", "machine", "observe", "pixels", "plans", "progress", "rankstats", "resultsfile",
+           "timing", "training"]

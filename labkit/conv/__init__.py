@@ -4,6 +4,7 @@
     tf_engine     the same im2col method with TensorFlow's gather and matmul (engine="tf")
     shapes        output sizes by TensorFlow's rules, the argument checks, the chunk size
     bench         `labkit conv-bench`: naive / im2col / tf.nn.conv2d / bare GEMM on ResNet-50's layers
+    plans         what 02 runs on this machine (`labkit plan`, the notebook's first cell)
 """
 from labkit.conv.numpy_engine import (  # noqa: F401  (the package's API)
     CHUNK_BYTES,

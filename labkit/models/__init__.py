@@ -3,7 +3,9 @@
 `get(name, input_shape=None, classes=1000)` builds a Keras model with weights=None. The builders live in
 submodules that each register theirs in a dict called MODELS:
   labkit.models.imagenet - AlexNet (2012 grouped and single-tower), VGG-11..19, ResNet-18..152, resnet50_v1.5
-  labkit.models.cifar    - the MATLAB cloud white paper's sweep family and MATLAB's cloud-training example's conv-block network
+  labkit.models.cifar    - the MATLAB cloud white paper's sweep family and MATLAB's cloud-training example's
+                           conv-block network
+  labkit.models.recipes  - how the sources trained those two networks (their training options), by profile
 """
 from __future__ import annotations
 

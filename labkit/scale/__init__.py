@@ -12,6 +12,7 @@
     probe         the machine's own parallel limit: N single-thread GEMM processes at once
     localscale    scaling on one machine taken apart: the machine's limit, the exchange, Gloo against MPI
     gpu           the GPU path: one GPU per rank, mixed precision, model-FLOPs utilisation
+    plans         what 04 launches on this machine: worker counts, batch per worker (`labkit plan`)
     keras_single  a plain Keras training script (the learner's starting point in 04)
     keras_hvd     the same script made data-parallel with horovod.tensorflow.keras and model.fit
     keras_hvd_loop  the same as a custom loop with hvd.DistributedGradientTape
@@ -21,5 +22,5 @@ Uses labkit.flops (03) for model MACs and GPU peaks: a lesson may use an earlier
 The deep dive of 07 (labkit.deepdive) builds on it.
 """
 
-__all__ = ["allreduce", "gpu", "horovod_info", "hosts", "large_batch", "launch", "localscale", "mpi", "probe", "scaling",
-           "settings"]
+__all__ = ["allreduce", "gpu", "horovod_info", "hosts", "large_batch", "launch", "localscale", "mpi", "plans", "probe",
+           "scaling", "settings"]
