@@ -23,7 +23,8 @@ def test_failing_workers_raise_with_their_lines_and_leave_nothing_running():
         tfdist_train.run_local(2, model="nosuchnet", steps=1, timeout=240)
     assert "nosuchnet" in str(err.value)
     # this test's workers only (by their model): the suite runs other tf.distribute launches beside it
-    left = subprocess.run(["pgrep", "-f", "labkit.deepdive.tfdist_train.*--model nosuchnet"], capture_output=True, text=True).stdout
+    left = subprocess.run(["pgrep", "-f", "labkit.deepdive.tfdist_train.*--model nosuchnet"], capture_output=True,
+                          text=True).stdout
     assert not left.strip()
 
 
@@ -42,7 +43,7 @@ def test_bad_input_names_the_parameter(call, word):
 
 
 def test_the_distributed_part_is_counted_from_this_file():
-    """vcluster.tfdist_vs_horovod's line count (it read labkit/tfdist_train.py, a path two moves old): the 21 lines
+    """vcluster.tfdist_vs_horovod's line count (it read the file at a path two moves old): the 21 lines
     notebooks/results/tfdist.json holds, as 07 prints them."""
     import json
     from pathlib import Path

@@ -1,7 +1,7 @@
 """scripts/delay_relay.py: the userspace link delay the virtual cluster uses where the kernel has no tc netem.
 
 The relay's loop is tested on a socket pair (no root needed): what goes in comes back intact, in order, and no
-sooner than the delay. On a real TUN device inside the cluster, tests/scale/test_vcluster.py checks the round trip
+sooner than the delay. On a real TUN device inside the cluster, tests/deepdive/test_vcluster.py checks the round trip
 between nodes and the fitted latency."""
 import os
 import socket
