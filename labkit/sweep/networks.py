@@ -352,7 +352,7 @@ def cli_main(argv: list[str]) -> int:
         return 0
     try:
         sweep.check_writable(args.out)
-        existing = sweep.load_results(args.out)
+        existing = [] if args.overwrite else sweep.load_results(args.out)  # --overwrite never reads what it discards
     except ValueError as err:
         return _fail(f"--out: {str(err).removeprefix('out: ')}")
     if existing and not (args.resume or args.overwrite):

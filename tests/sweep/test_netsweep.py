@@ -122,6 +122,29 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "f99_k5_p3" in capsys.readouterr().err
 
 
+def test_cli_overwrite_never_reads_the_file_it_discards(tmp_path, capsys, monkeypatch):
+    """--overwrite starts --out over: what the file holds (a line load_results would refuse, say) is no reason
+    to refuse, nor to advise --overwrite. check_writable still refuses a file that is not a sweep's own."""
+    import types
+    out = tmp_path / "r.jsonl"
+    sweep.write_results(out, [{"key": "x", "status": "ok"}])
+    calls = []
+
+    def run_sweep(configs, trainer, out, **kw):
+        calls.append(kw)
+        return types.SimpleNamespace(records=[], failed=[], ran=0, skipped=0, wall_s=0.0, startup_s=0.0, out=out)
+
+    def load_results(path):
+        raise ValueError(f"results file {path} line 2 is not JSON; ... or start over with --overwrite")
+
+    monkeypatch.setattr(netsweep.sweep, "run_sweep", run_sweep)  # the package's, as labkit sweep calls them
+    monkeypatch.setattr(netsweep.sweep, "load_results", load_results)
+    assert netsweep.cli_main(["--overwrite", "--out", str(out), "--configs", "f20_k5_p3", "--no-progress"]) == 0
+    assert calls and calls[0]["resume"] is False and "--overwrite" not in capsys.readouterr().err
+    assert netsweep.cli_main(["--resume", "--out", str(out), "--no-progress"]) == 2  # --resume reads it
+    assert "--overwrite" in capsys.readouterr().err
+
+
 def test_cli_resume_refuses_other_settings(tmp_path, capsys):
     out = tmp_path / "r.jsonl"
     trainer = netsweep.NetworkTrainer.for_profile(epochs=1, train_size=64, test_size=64)
