@@ -1,12 +1,12 @@
 """Run notebooks inside a box like Binder's (2 GiB of memory, 2 CPUs) and report wall time and peak memory.
 
-    sudo .venv/bin/python scripts/binder_box.py                         # every notebook, workshop profile, files untouched
+    sudo .venv/bin/python scripts/binder_box.py               # every notebook, workshop profile, files untouched
     .venv/bin/python scripts/binder_box.py notebooks/00_welcome.ipynb --profile quick
-    .venv/bin/python scripts/binder_box.py --write                      # the final refresh: outputs written back
-    .venv/bin/python scripts/binder_box.py --alloc-test 3               # proves the limit bites: 3 GiB -> killed
-    sudo .venv/bin/python scripts/binder_box.py --cpus 1                # a 1-CPU Binder session
-    sudo .venv/bin/python scripts/binder_box.py --busy 1                # 2 CPUs, one kept busy by another program
-    sudo .venv/bin/python scripts/binder_box.py --shapes                # every notebook in each shape: one table
+    .venv/bin/python scripts/binder_box.py --write            # the final refresh: outputs written back
+    .venv/bin/python scripts/binder_box.py --alloc-test 3     # proves the limit bites: 3 GiB -> killed
+    sudo .venv/bin/python scripts/binder_box.py --cpus 1      # a 1-CPU Binder session
+    sudo .venv/bin/python scripts/binder_box.py --busy 1      # 2 CPUs, one kept busy by another program
+    sudo .venv/bin/python scripts/binder_box.py --shapes      # every notebook in each shape: one table
 
 Each notebook's row counts the observations that did not hold there (labkit.base.observe: speeds and
 accuracies that differ from the reference machine's, printed as one line each in the notebook).
@@ -19,12 +19,20 @@ memory.max_usage_in_bytes, v2 memory.peak): every page charged to the box, this 
 (Binder's box holds the Jupyter server too). Pages of shared libraries that a process outside the
 box loaded first are charged outside it, so on a busy machine the box peak can read below PSS: take the
 larger. The RSS/PSS columns are refresh_notebooks' samples of the
-kernel's process tree. The group is removed on every path (success, error, Ctrl-C).
+kernel's process tree.
+
+The group, the busy processes, the kernel's connection files and the observations folder (both in this run's
+own temporary folder) are removed on every path: success, error, Ctrl-C and SIGTERM (one line, no traceback).
+The busy and allocating children die with this process (PR_SET_PDEATHSIG); what a `kill -9` of it leaves (its
+cgroups, the kernel in them, its temporary folder) is swept by the next binder_box run.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,6 +45,26 @@ HERE = Path(__file__).resolve().parent.parent
 V1_MEMORY, V1_CPUSET = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/cpuset")
 V2_ROOT = Path("/sys/fs/cgroup")
 GiB = 2**30
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+OWNED = re.compile(r"labkit-box-(\d+)-")  # a box's cgroup or temporary folder, named after the process that owns it
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM arrived: unwind (the box, its processes and files removed), then exit 128 + signum."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOPPING: list[int] = []  # the signal that stops this run, once one has arrived
+
+
+def _stop(signum, frame):
+    if STOPPING:  # a second Ctrl-C while the box is being removed: let the removal finish
+        return
+    STOPPING.append(signum)
+    raise Stopped(signum)
 
 
 def _parse_size(text: str) -> int:
@@ -44,11 +72,59 @@ def _parse_size(text: str) -> int:
     t = text.strip().lower()
     t = t[:-2] if t.endswith("ib") else t[:-1] if t.endswith("b") else t
     try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
+        size = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except ValueError:
-        raise ValueError(f"memory: expected a size such as 2G, 2048M or bytes, got {text!r}") from None
+        size = math.nan
+    if not math.isfinite(size) or size <= 0:  # inf and nan parse as floats
+        raise ValueError(f"memory: expected a positive size such as 2G, 2048M or bytes, got {text!r}")
+    return int(size)
+
+
+def cpus_here() -> int:
+    """The CPUs this process may run on (a box can hold no more)."""
+    return len(os.sched_getaffinity(0))
+
+
+def die_with_parent() -> None:
+    """In a child (preexec_fn): SIGKILL when the process that started it dies, even by `kill -9`."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before the line above
+        os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def sweep_orphans() -> list[str]:
+    """Remove what binder_box runs that were killed (kill -9) left: their cgroups, with every process still in
+    them (a kernel), and their temporary folders. Boxes whose owner still runs are left alone. The names removed."""
+    swept = []
+    for root in (V1_MEMORY, V1_CPUSET, V2_ROOT):
+        for d in root.glob("labkit-box-*") if root.is_dir() else ():
+            m = OWNED.match(d.name)
+            if not (m and d.is_dir()) or _alive(int(m.group(1))):
+                continue
+            for pid in (d / "cgroup.procs").read_text().split() if (d / "cgroup.procs").exists() else ():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    swept.append(str(d))
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+    for d in Path(tempfile.gettempdir()).glob("labkit-box-*"):
+        m = OWNED.match(d.name)
+        if m and d.is_dir() and not _alive(int(m.group(1))):
+            shutil.rmtree(d, ignore_errors=True)
+            swept.append(str(d))
+    return swept
 
 
 def unavailable_reason() -> str | None:
@@ -71,8 +147,8 @@ class Box:
     def __init__(self, memory: int = 2 * GiB, cpus: int = 2):
         if memory < 64 * 2**20:
             raise ValueError(f"memory: expected at least 64 MiB, got {memory} bytes")
-        if cpus < 1:
-            raise ValueError(f"cpus: expected a positive count, got {cpus}")
+        if not 1 <= cpus <= cpus_here():
+            raise ValueError(f"cpus: expected 1 to {cpus_here()} (the CPUs here), got {cpus}")
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(reason)
@@ -204,6 +280,8 @@ def start_hogs(box: Box, count: int) -> list:
     hogs = []
     for i in range(count):
         def pin(i=i):  # in the child: into the box, whose cpuset now bounds its CPUs, then onto one of them
+            die_with_parent()
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops binder_box, which stops this quietly
             box.enter()
             cpus = sorted(os.sched_getaffinity(0))
             os.sched_setaffinity(0, {cpus[-1 - i % len(cpus)]})
@@ -222,7 +300,11 @@ def alloc_test(box: Box, gib: float) -> int:
     """Start a child in the box that touches `gib` GiB; return its exit status (137 = OOM-killed)."""
     code = (f"import sys; b = bytearray({int(gib * GiB)}); b[::4096] = b'x' * len(b[::4096]); "
             "print('allocated', len(b) >> 20, 'MiB'); sys.exit(0)")
-    child = subprocess.Popen([sys.executable, "-c", code], preexec_fn=lambda: box.enter())
+    def start():
+        die_with_parent()
+        box.enter()
+
+    child = subprocess.Popen([sys.executable, "-c", code], preexec_fn=start)
     rc = child.wait()
     return 128 - rc if rc < 0 else rc  # a signal -N reads as 128+N, as a shell reports it
 
@@ -243,6 +325,18 @@ def main(argv=None) -> int:
     parser.add_argument("--alloc-test", type=float, metavar="GIB",
                         help="only check that the limit bites: a child allocates GIB GiB in the box")
     args = parser.parse_args(argv)
+    # Ctrl-C and SIGTERM (a scheduler, `kill`) unwind alike: the box, its processes and files are removed
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
+    try:
+        return _main(args)
+    except (Stopped, KeyboardInterrupt) as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"binder_box: stopped by {signal.Signals(signum).name}; box and its files removed", file=sys.stderr)
+        return 128 + signum
+
+
+def _main(args) -> int:
     try:
         memory = _parse_size(args.memory)
         if not 0 <= args.busy <= args.cpus:
@@ -255,15 +349,16 @@ def main(argv=None) -> int:
     if missing:
         print(f"binder_box: notebooks: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
+    for name in sweep_orphans():
+        print(f"binder_box: removed {name}, left by a binder_box that was killed", file=sys.stderr)
     if args.shapes:
         return shapes_table(args)
-    # SIGTERM (a scheduler, `kill`) unwinds like Ctrl-C, so the box's cgroup is removed on that path too
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with box:
         print(f"box: {memory / GiB:.2f} GiB memory, {args.cpus} CPUs, cgroup {'v1' if box.v1 else 'v2'} "
               f"({box.name})", flush=True)
-        hogs = start_hogs(box, args.busy)
+        hogs = []
         try:
+            hogs = start_hogs(box, args.busy)
             if hogs:
                 print(f"busy: {len(hogs)} spinning process(es), pid {' '.join(str(h.pid) for h in hogs)}", flush=True)
             return _in_box(box, args, memory)
@@ -286,7 +381,14 @@ def shapes_table(args) -> int:
         if args.profile:
             cmd += ["--profile", args.profile]
         env = {**os.environ, "LABKIT_STRICT_OBSERVATIONS": "0"}
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)  # its stderr (a failure) shown as is
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as child:  # its stderr shown as is
+            try:
+                out = child.communicate()[0]
+            except BaseException:  # stopped: the child cleans up its own box on SIGTERM
+                child.terminate()
+                child.wait()
+                raise
+        done = subprocess.CompletedProcess(cmd, child.returncode, out)
         print(done.stdout, end="", flush=True)
         failed |= done.returncode != 0
         for line in done.stdout.splitlines():
@@ -312,24 +414,45 @@ def _in_box(box: Box, args, memory: int) -> int:
         os.environ["LABKIT_PROFILE"] = args.profile
     os.environ.setdefault("LABKIT_PROFILE", "workshop")
     sys.path.insert(0, str(HERE / "scripts"))
-    from refresh_notebooks import run_notebook  # the one notebook executor
-
     box.enter()
     paths = args.notebooks or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
     print(f"profile: {os.environ['LABKIT_PROFILE']}  write: {'yes' if args.write else 'no'}")
     print(f"{'notebook':<28} {'wall time':>10} {'box peak':>10} {'peak RSS':>10} {'peak PSS':>10} {'not held':>9}",
           flush=True)
+    # this run's own folder (named after it, so a run killed with -9 is swept by the next): the observations
+    # logs, and the kernels' connection files, so that none is left in the user's Jupyter runtime folder
+    own = Path(tempfile.mkdtemp(prefix=f"labkit-box-{os.getpid()}-"))
+    tempfile.tempdir = str(own)  # nbclient writes each kernel's connection file to the temporary folder
+    try:
+        return _run_notebooks(box, args, paths, own)
+    finally:
+        tempfile.tempdir = None
+        shutil.rmtree(own, ignore_errors=True)
+        os.environ.pop("LABKIT_OBSERVATIONS_LOG", None)
+
+
+def _run_notebooks(box: Box, args, paths: list, logs: Path) -> int:
+    """Each notebook in the box: one row of wall time, peaks and observations that did not hold."""
+    import refresh_notebooks  # the one notebook executor
+
     failed = []
-    logs = Path(tempfile.mkdtemp(prefix="labkit-box-observations-"))
     for path in paths:
         box.reset_peak()
         kills = box.oom_kills()
         log = logs / f"{path.stem}.txt"
         os.environ["LABKIT_OBSERVATIONS_LOG"] = str(log)  # the kernel inherits it: observe appends what did not hold
+        kernel_log = logs / f"{path.stem}.kernel.log"  # shown when the notebook fails, not after a Ctrl-C
         try:
-            elapsed, rss, pss = run_notebook(path, write=args.write, timeout=args.timeout)
+            with open(kernel_log, "w") as stderr:
+                elapsed, rss, pss = refresh_notebooks.run_notebook(path, write=args.write, timeout=args.timeout,
+                                                                   kernel_stderr=stderr)
+        except refresh_notebooks.Stopped as stop:  # its own Ctrl-C/SIGTERM handling while a notebook runs
+            raise Stopped(stop.signum) from None
         except Exception as err:
+            if STOPPING:  # not the notebook's failure: the kernel's clean-up failed on the way out (ZMQError)
+                raise Stopped(STOPPING[0]) from None
             failed.append(path.name)
+            sys.stderr.write("".join(kernel_log.read_text().splitlines(keepends=True)[-20:]))
             oom = box.oom_kills() > kills
             what = ("OOM-killed past the box's limit" if oom else
                     f"{getattr(err, 'ename', type(err).__name__)}: {getattr(err, 'evalue', err)}")
@@ -343,8 +466,6 @@ def _in_box(box: Box, args, memory: int) -> int:
               f"{rss / 2**20:>6.0f} MiB {pss / 2**20:>6.0f} MiB {len(not_held):>9}", flush=True)
         for line in not_held:
             print(f"    {line}", flush=True)
-    shutil.rmtree(logs, ignore_errors=True)
-    os.environ.pop("LABKIT_OBSERVATIONS_LOG", None)
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

@@ -5,8 +5,10 @@ Needs root and a cgroup memory controller (Linux); skipped with the reason elsew
 """
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -65,15 +67,20 @@ def test_box_context_removes_group_on_error():
     assert _left_behind(box.name) == []
 
 
+def _one_line_exit_2(done, word):
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and word in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_bad_input_is_one_line_exit_2():
-    bad = _run("--memory", "2X")
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "memory" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    for memory in ("2X", "infG", "nanG", "inf", "-1G", "0"):  # not a size, no limit at all, none
+        _one_line_exit_2(_run(f"--memory={memory}"), "memory")
     with pytest.raises(ValueError, match="cpus"):
         binder_box.Box(2 * 2**30, 0)
     for busy in ("3", "-1"):  # more busy CPUs than the box has, or fewer than none
-        bad = _run("--cpus", "2", "--busy", busy)
-        assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "busy" in bad.stderr, bad.stderr
+        _one_line_exit_2(_run("--cpus", "2", "--busy", busy), "busy")
+    # more CPUs than this machine has: refused, not a box that says 5 CPUs and runs on fewer
+    _one_line_exit_2(_run("--cpus", str(binder_box.cpus_here() + 3), "--alloc-test", "0.1"), "cpus")
 
 
 @needs_box
@@ -123,7 +130,8 @@ def test_shapes_table_counts_the_observations_that_did_not_hold(tmp_path):
     import nbformat
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "from labkit.base import observe, machine\n"
-        "observe.observation(machine.cores() > 1, 'two cores here', here=f'{machine.cores()} core(s)', reference='2')")])
+        "observe.observation(machine.cores() > 1, 'two cores here', here=f'{machine.cores()} core(s)',\n"
+        "                    reference='2')")])
     path = tmp_path / "tiny.ipynb"
     nbformat.write(nb, path)
     out = _run(str(path), "--shapes", "--profile", "quick", timeout=600)
@@ -132,3 +140,77 @@ def test_shapes_table_counts_the_observations_that_did_not_hold(tmp_path):
     rows = {line[28:48].strip(): line.split()[-1] for line in table[1:]}
     assert rows == {"1 CPU": "1", "2 CPUs (reference)": "0", "2 CPUs, 1 busy": "0"}, out.stdout
     assert "Not seen on this machine: two cores here (here: 1 core(s); the reference machine" in out.stdout
+
+
+# ---------------------------------------------------------------------- how a run ends: signals and kill -9
+def _sleeping_run(request, tmp_path, *box_args):
+    """binder_box.py running a one-cell notebook that sleeps, with a busy process, in its own session (so a
+    Ctrl-C can go to its whole process group, as a terminal sends it) and its temporary files and Jupyter runtime
+    folder under tmp_path. Returns (process, box name, busy pid, pids in the box) once the kernel is up; the
+    process is killed at the test's end if it still runs."""
+    import nbformat
+    path = tmp_path / "sleeps.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(300)")]), path)
+    env = {**os.environ, "TMPDIR": str(tmp_path), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+           "LABKIT_STRICT_OBSERVATIONS": "0"}
+    (tmp_path / "runtime").mkdir()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "binder_box.py"), str(path), "--profile", "quick",
+                             "--busy", "1", *box_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=env, start_new_session=True)
+    request.addfinalizer(lambda: proc.poll() is None and proc.terminate())
+    name = _box_name(proc.stdout.readline())
+    busy = int(re.search(r"pid (\d+)", proc.stdout.readline()).group(1))
+    procs = binder_box.V1_MEMORY / name / "cgroup.procs" if binder_box.V1_MEMORY.is_dir() else \
+        binder_box.V2_ROOT / name / "cgroup.procs"
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.rglob("*.json")) or len(procs.read_text().split()) < 3:  # runner, busy, kernel
+        assert time.monotonic() < deadline and proc.poll() is None, "the kernel did not start in the box"
+        time.sleep(0.2)
+    time.sleep(1)  # the kernel's first cell under way
+    return proc, name, busy, [int(p) for p in procs.read_text().split()]
+
+
+def _left_in(tmp_path):
+    """What binder_box left under tmp_path: its temporary folders and the kernel's connection file."""
+    return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.name != "sleeps.ipynb"
+                  and p != tmp_path / "runtime")
+
+
+def _gone(pids, within=10.0):
+    deadline = time.monotonic() + within
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
+
+
+@needs_box
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_is_one_line_and_removes_the_box_and_its_files(request, tmp_path, signum):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM (to binder_box alone): one
+    line, no traceback, exit 128 + signal; the box, its busy process, the kernel, the observations folder and the
+    kernel's connection file are all gone."""
+    proc, name, busy, pids = _sleeping_run(request, tmp_path)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, out + err
+    assert err.strip().count("\n") == 0 and "stopped by" in err, err
+    assert "Traceback" not in err and "Error" not in err, err
+    assert _gone([busy, *pids]) and _left_behind(name) == [] and _left_in(tmp_path) == []
+
+
+@needs_box
+def test_kill_9_leaves_no_busy_process_and_the_next_run_sweeps_the_rest(request, tmp_path):
+    """kill -9 of binder_box: its busy process dies with it (nothing spins under init); the cgroup, the kernel
+    in it and the temporary files it left are removed by the next binder_box run, which says so."""
+    proc, name, busy, pids = _sleeping_run(request, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _gone([busy], within=5), "the busy process outlived binder_box"
+    nxt = _run("--alloc-test", "0.1", env_extra={"TMPDIR": str(tmp_path)})
+    assert nxt.returncode == 0, nxt.stdout + nxt.stderr
+    assert f"removed {binder_box.V1_MEMORY if binder_box.V1_MEMORY.is_dir() else binder_box.V2_ROOT}/{name}" \
+        in nxt.stderr, nxt.stderr
+    assert _gone(pids) and _left_behind(name) == [] and _left_in(tmp_path) == []

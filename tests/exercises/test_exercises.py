@@ -2,8 +2,9 @@
 
 Every notebook 01-06 has at least 3 exercises (20 or more in all), each a tagged cell with nbgrader's markers
 followed by a checker call; the instructor's solution passes its checker in notebook order; the learner
-edition keeps no line of any solution, answers every exercise with "not answered yet"; tests/course/test_full_smoke.py runs the learner edition top to bottom
-(full profile at smoke scale) and checks that every checker says "not answered yet" there.
+edition keeps no line of any solution, answers every exercise with "not answered yet";
+tests/course/test_full_smoke.py runs the learner edition top to bottom (full profile at smoke scale) and checks
+that every checker says "not answered yet" there.
 """
 import contextlib
 import io
@@ -43,17 +44,14 @@ def test_at_least_three_exercises_per_notebook_and_twenty_in_all():
     assert len({ex.title for ex in found}) == len(found), "titles must be unique"
 
 
-def _run_pairs(nb, strip: bool, tmp=None):
+def _run_pairs(nb, strip: bool, tmp: Path):
     """Run each exercise cell and its check cell in notebook order in one namespace; the printed lines.
     04's Horovod exercise runs the script on 2 workers (the instructor's copy is written under tmp)."""
-    import tempfile
-
     import tensorflow as tf
 
     from labkit.exercises import check_hvd
     from labkit.models.cifar import sweep_net
     from labkit.transfer import finetune as transfer
-    tmp = Path(tmp or tempfile.mkdtemp(prefix="labkit-ex-"))
     ns = {"np": np, "tf": tf, "transfer": transfer,  # what the exercise cells use from their notebook's imports
           "base": sweep_net(filters=32, filter_size=5, pool_size=3, classes=5),
           "check_hvd": check_hvd, "MY_SCRIPT": tmp / "my_keras_hvd.py"}
@@ -69,11 +67,11 @@ def _run_pairs(nb, strip: bool, tmp=None):
 
 
 @pytest.mark.parametrize("path", COURSE, ids=[p.stem for p in COURSE])
-def test_solutions_pass_and_placeholders_are_not_answered(path):
+def test_solutions_pass_and_placeholders_are_not_answered(path, tmp_path):
     nb = _nb(path)
-    for title, line in _run_pairs(nb, strip=False):
+    for title, line in _run_pairs(nb, strip=False, tmp=tmp_path):
         assert line.startswith("Correct!") and "\n" not in line, (title, line)
-    for title, line in _run_pairs(nb, strip=True):
+    for title, line in _run_pairs(nb, strip=True, tmp=tmp_path):
         assert line == NOT_ANSWERED, (title, line)
 
 
