@@ -22,8 +22,12 @@ memory limit such as Binder's 2 GB sees.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
+import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -48,6 +52,32 @@ class CellFailed(Exception):
         self.ename = getattr(err, "ename", type(err).__name__)
         self.evalue = f"{getattr(err, 'evalue', err)} (cell {index}: {first[:80]!r})"
         super().__init__(f"{notebook}: cell {index} raised {self.ename}: {self.evalue}")
+
+
+class Stopped(BaseException):
+    """Ctrl-C or SIGTERM while a notebook ran: its kernel is shut down and nothing is written for it (a
+    BaseException, so the pass's `except Exception` does not go on to the next notebook)."""
+
+    def __init__(self, signum: int, notebook: str):
+        self.signum = signum
+        super().__init__(f"refresh: stopped by {signal.Signals(signum).name} during {notebook}; its kernel was "
+                         "shut down and nothing was written for it")
+
+
+def _stop_cells_on_signal(client, stopped: list) -> None:
+    """Ctrl-C and SIGTERM cancel the cell that runs (nbclient's own handlers only shut the kernel down, and the
+    cell then waits for a reply until its timeout): the signal is kept in stopped, the kernel cleaned up by
+    setup_kernel's exit."""
+    loop = asyncio.get_event_loop()
+
+    def stop(signum):
+        stopped.append(signum)
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(RuntimeError, NotImplementedError):  # not the main thread
+            loop.add_signal_handler(signum, stop, signum)
 
 
 class ChangedOnDisk(Exception):
@@ -111,7 +141,8 @@ def jupyterlab_format(nb, language_info: dict):
     return nb
 
 
-def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = None) -> tuple[float, int, int]:
+def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = None,
+                 kernel_stderr=None) -> tuple[float, int, int]:
     """Execute every cell; raises CellFailed naming the first cell that raised, or ChangedOnDisk when the file
     changed while it ran (nothing is written then).
 
@@ -124,8 +155,14 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
                             resources={"metadata": {"path": str(path.parent)}})
     info = {"load_before": round(load_average(), 2)}
     start = time.perf_counter()
-    monitor = None
-    with client.setup_kernel():
+    monitor, stopped = None, []
+    # the kernel's own stderr (ipykernel's transport warning; a ZMQError traceback when it is shut down mid-cell)
+    # goes to kernel_stderr, a file, or nowhere: the cells' errors come back through the notebook protocol
+    with contextlib.ExitStack() as stack:
+        if kernel_stderr is None:
+            kernel_stderr = stack.enter_context(tempfile.TemporaryFile())
+        stack.enter_context(client.setup_kernel(stderr=kernel_stderr))
+        _stop_cells_on_signal(client, stopped)
         monitor = PeakRSS(client.km.provisioner.process.pid)
         monitor.start()
         try:
@@ -133,7 +170,11 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
             for index, cell in enumerate(nb.cells):
                 try:
                     client.execute_cell(cell, index)
+                except asyncio.CancelledError:
+                    raise Stopped(stopped[0] if stopped else signal.SIGINT, path.name) from None
                 except Exception as err:  # an assert, an error, a dead kernel: name the cell
+                    if stopped:
+                        raise Stopped(stopped[0], path.name) from None
                     raise CellFailed(path.name, index, cell.source, err) from err
         finally:
             monitor.stop()
@@ -221,5 +262,17 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def _stop_on_sigterm(signum, frame):
+    raise Stopped(signum, "the start")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # outside a notebook's run (its own handlers take over there)
+    try:
+        sys.exit(main())
+    except Stopped as err:  # one line, no traceback; the kernel was shut down on the way out
+        print(err, file=sys.stderr)
+        sys.exit(128 + err.signum)
+    except KeyboardInterrupt:
+        print("refresh: stopped by SIGINT; nothing was written for the notebook that was running", file=sys.stderr)
+        sys.exit(130)
