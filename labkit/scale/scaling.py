@@ -11,6 +11,7 @@ the explorer widget is labkit.widgets.scaling.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.base import config, machine, plans
+from labkit.base import config, machine, plans, resultsfile
 from labkit.scale import settings
 from labkit.scale.launch import HorovodRunError, child_env, choose_launcher, launch, launch_problem, take_slots
 from labkit.scale.records import ScaleDocument, ScaleRun
@@ -38,6 +39,8 @@ from labkit.scale.settings import (  # noqa: F401  (check_model, model_names: al
     check_nps,
     model_names,
 )
+
+JSON_OWN = resultsfile.json_document("runs")  # what --json holds (records.ScaleDocument): no other file replaced
 
 
 def train_args(**settings) -> list[str]:
@@ -231,14 +234,16 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (or SIGHUP) arrived: handled like Ctrl-C, so the launch cleans up before the exit."""
 
 
-def _check_json_path(path: str) -> None:
-    """The results file must be writable, with room for it, now, not after minutes of training."""
+def _check_json_path(path: str, own=None) -> None:
+    """The results file must be writable, with room for it, now, not after minutes of training; an existing file
+    must be one of labkit's own kind (own: resultsfile.json_document("runs") for labkit scale's), never a device."""
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"--json must be a file path; {path} is a directory")
     if not target.parent.is_dir():
         raise ValueError(f"--json: the directory {target.parent} does not exist")
     from labkit.base import resultsfile
+    resultsfile.check_target(path, "--json", own=own)
     resultsfile.check_space(path, resultsfile.RESULTS_RESERVE_BYTES, "--json")  # room and rights, now
 
 
@@ -359,7 +364,7 @@ def _check_args(a, settings: RunSettings) -> RunSettings:
     config.profile()  # LABKIT_PROFILE must be quick, workshop or full
     s = settings.check(a.nps, flags=True)
     if a.json_path:
-        _check_json_path(a.json_path)
+        _check_json_path(a.json_path, JSON_OWN)
     check_cores(a.nps, s.hosts, a.oversubscribe)
     check_gpus(a.nps, s.device, s.hosts)
     s = _with_device(s, a.nps, choose=True)
@@ -426,12 +431,15 @@ def cli_main(argv=None) -> int:
         note = data_note(s.data)
     except (ValueError, RuntimeError) as err:
         p.error(str(err))
-    print(note, flush=True)
-    measured = _measure(a, s)
-    if isinstance(measured, int):
-        return measured
-    doc = _report(a, s, *measured)
-    if a.json_path:
-        from labkit.base import resultsfile
-        resultsfile.write_json(a.json_path, doc, indent=2)
+    try:  # the --json file held for the whole run: a second labkit scale on it is refused now, not lost later
+        with resultsfile.claimed(a.json_path, "--json", own=JSON_OWN) if a.json_path else contextlib.nullcontext():
+            print(note, flush=True)
+            measured = _measure(a, s)
+            if isinstance(measured, int):
+                return measured
+            doc = _report(a, s, *measured)
+            if a.json_path:
+                resultsfile.write_json(a.json_path, doc, indent=2)
+    except ValueError as err:
+        p.error(str(err))
     return 0 if doc["all_in_sync"] else 3

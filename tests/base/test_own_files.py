@@ -98,3 +98,14 @@ def test_sweep_refuses_a_foreign_file_and_a_pipe(foreign, fifo):
         _one_line_refusal(labkit_cli("sweep", "--out", str(link), *extra), "exists and is not", "'key'")
     _one_line_refusal(labkit_cli("sweep", "--out", str(fifo)), "is a pipe")
     assert target.read_text() == PASSWD and fifo.is_fifo()
+
+
+def test_scale_refuses_a_foreign_file_a_pipe_and_a_second_run_on_its_json(foreign, fifo, tmp_path):
+    link, target = foreign
+    _one_line_refusal(labkit_cli("scale", "--np", "1", "--json", str(link)), "exists and is not", "'runs'")
+    _one_line_refusal(labkit_cli("scale", "--np", "1", "--json", str(fifo)), "is a pipe")
+    assert target.read_text() == PASSWD and fifo.is_fifo()
+    out = tmp_path / "scale.json"
+    with resultsfile.claimed(out, "--json"):  # another run holds it
+        _one_line_refusal(labkit_cli("scale", "--np", "1", "--json", str(out)), "being written by another process")
+    assert not out.exists()
