@@ -168,7 +168,8 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
     out: JSON-lines results file; each result is merged into it under its lock and the file rewritten
     atomically (another sweep on the same file keeps its records). resume=True skips configs
     that already have an "ok" record there (and failed ones too if retry_failed=False), and refuses a file
-    made with other train_fn.settings(); resume=False starts the file over. threads_per_worker: default
+    made with other train_fn.settings(); resume=False starts the file over when its first new result lands (a
+    sweep stopped before then leaves the file as it was). threads_per_worker: default
     cores // num_workers (at least 1). max_new: train at most this many configs in this call (a lease
     that ends early). tensorflow: workers import TensorFlow and pin its thread pools at start-up.
     train_fn must be picklable (a module-level function or an object such as netsweep.NetworkTrainer);
@@ -184,6 +185,7 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
     names = [namer(c) if callable(namer) else config_name(c) for c in configs]
     settings = train_fn.settings() if callable(getattr(train_fn, "settings", None)) else None
     done = _previous(out, resume, settings)  # key -> record; records of other configs in the file are kept
+    starting_over = [not resume]  # the file is emptied by the first result that lands, not before
 
     def finished(key):
         rec = done.get(key)
@@ -199,7 +201,12 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
     def land(rec):
         # merged under the results file's lock: records another sweep wrote to out meanwhile are kept
         try:
-            merged = merge_records(out, [rec])
+            if starting_over[0]:
+                with locked(out):
+                    write_results(out, [rec])
+                merged, starting_over[0] = [rec], False
+            else:
+                merged = merge_records(out, [rec])
         except OSError as err:  # the trained result is not lost: said with the file's name, printed first
             print(json.dumps(rec, sort_keys=True), file=sys.stderr, flush=True)
             raise ResultsNotSaved(out, err, [rec]) from None
@@ -252,10 +259,9 @@ def _checked(configs, num_workers, threads_per_worker, max_new):
 
 
 def _previous(out: Path, resume: bool, settings) -> dict:
-    """The records already in out, by key (resume), after checking their settings; {} and out emptied otherwise."""
+    """The records already in out, by key (resume), after checking their settings; {} otherwise (the file is left
+    as it is until the first new result replaces it)."""
     if not resume:
-        with locked(out):
-            write_results(out, [])
         return {}
     done = {rec["key"]: rec for rec in load_results(out)}
     if settings is not None:

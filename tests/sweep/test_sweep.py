@@ -451,3 +451,17 @@ def test_the_worker_count_has_one_check_and_the_cores_refusal_is_labkit_scales(m
         scaling.check_cores([1, 4], env={})
     with pytest.raises(ValueError, match="num_workers"):
         sweep.run_sweep([{"i": 1}], lambda c: {}, "unused.jsonl", num_workers=0)
+
+
+def test_starting_over_keeps_the_old_results_until_a_new_one_lands(tmp_path):
+    """resume=False empties the results file only when its first new result lands: a sweep stopped before then
+    (here: nothing to train) leaves the old results as they were."""
+    out = tmp_path / "r.jsonl"
+    configs = toy_configs(3)
+    sweep.run_sweep(configs, Toy(str(tmp_path)), out, tensorflow=False, progress=False)
+    before = out.read_bytes()
+    none = sweep.run_sweep(configs, Toy(str(tmp_path)), out, resume=False, max_new=0, tensorflow=False,
+                           progress=False)
+    assert none.ran == 0 and out.read_bytes() == before
+    one = sweep.run_sweep(configs[:1], Toy(str(tmp_path)), out, resume=False, tensorflow=False, progress=False)
+    assert one.ran == 1 and [r["config"]["i"] for r in sweep.load_results(out)] == [0]  # started over
