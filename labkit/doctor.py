@@ -136,6 +136,15 @@ def _gpu_check(report: Report) -> Check:
     return Check("gpus", bool(gpus), value, "optional: the full profile wants a GPU", required=False)
 
 
+def _blas_check(report: Report) -> Check:
+    """numpy's BLAS kernel: a generic one on an AVX2/AVX-512 CPU is said in one line (information, not a failure)."""
+    from labkit.base import blas
+    line = blas.generic_blas_line()
+    report.info["generic_blas"] = line
+    return Check("blas", line is None, line or "numpy's BLAS runs a kernel for this CPU",
+                 "unset OPENBLAS_CORETYPE where this CPU runs OpenBLAS's own choice correctly", required=False)
+
+
 def _memory_bytes() -> tuple[int | None, int | None]:
     try:
         import psutil
@@ -160,6 +169,7 @@ def doctor(check_horovod: bool = True) -> Report:
     cores = machine.cores()
     report.info["cores"] = cores
     report.checks.append(Check("cores", True, f"{cores} usable by this process", required=False))
+    report.checks.append(_blas_check(report))
     total, avail = _memory_bytes()
     report.info["memory_bytes"] = total
     if total:

@@ -142,12 +142,12 @@ def jupyterlab_format(nb, language_info: dict):
 
 
 def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = None,
-                 kernel_stderr=None) -> tuple[float, int, int]:
+                 kernel_stderr=None, notes: dict | None = None) -> tuple[float, int, int]:
     """Execute every cell; raises CellFailed naming the first cell that raised, or ChangedOnDisk when the file
     changed while it ran (nothing is written then).
 
     record, if given, receives what the run measured (load before/after, wall time): it also goes into the
-    notebook's metadata as labkit.refresh."""
+    notebook's metadata as labkit.refresh, with notes (what the pass knows of the machine, e.g. generic_blas)."""
     original = path.read_bytes()  # compared before the write: an edit saved meanwhile is never overwritten
     nb = nbformat.reads(original.decode("utf-8"), as_version=4)
     # record_timing (nbclient's default, stated): the cells' timestamps are the committed run time
@@ -180,7 +180,8 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
             monitor.stop()
     elapsed = time.perf_counter() - start
     info.update(load_after=round(load_average(), 2), wall_s=round(elapsed, 1))
-    nb.metadata.setdefault("labkit", {})["refresh"] = dict(info, profile=os.environ.get("LABKIT_PROFILE", "workshop"))
+    nb.metadata.setdefault("labkit", {})["refresh"] = dict(info, profile=os.environ.get("LABKIT_PROFILE", "workshop"),
+                                                           **(notes or {}))
     jupyterlab_format(nb, language_info)
     if record is not None:
         record.update(info)
@@ -212,13 +213,22 @@ def load_gate(force: bool, load: float, cores: int) -> str | None:
         f"refresh: {busy}. Wait until the machine is quiet, or run with --force (make refresh FORCE=1)"
 
 
+def generic_blas() -> str | None:
+    """The one line saying numpy's BLAS runs a generic kernel on a CPU that has better; None when it does not."""
+    from labkit.base import blas
+    return blas.generic_blas_line()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     parser.add_argument("--no-write", action="store_true", help="execute only; leave the files as they are")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell (default 1800)")
     parser.add_argument("--force", action="store_true",
-                        help=f"run even when the load average is above {MAX_LOAD_PER_CORE} x cores")
+                        help=f"run even when the load average is above {MAX_LOAD_PER_CORE} x cores "
+                        "(and on a generic BLAS kernel)")
+    parser.add_argument("--allow-generic-blas", action="store_true",
+                        help="run even when numpy's BLAS runs a generic kernel on this CPU (recorded in each notebook)")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
     missing = [str(p) for p in paths if not p.is_file()]
@@ -232,6 +242,14 @@ def main(argv=None) -> int:
         return 2
     if gate:
         print(gate, flush=True)
+    slow_blas = generic_blas()
+    if slow_blas and not (args.force or args.allow_generic_blas):
+        print(f"refresh: {slow_blas}; the committed numpy figures would understate a learner's machine. Run where "
+              "OpenBLAS picks its own kernel, or with --allow-generic-blas (recorded in each notebook)",
+              file=sys.stderr)
+        return 2
+    if slow_blas:
+        print(f"generic BLAS allowed, recorded in each notebook: {slow_blas}", flush=True)
     profile = os.environ.get("LABKIT_PROFILE", "workshop")
     from labkit.base import observe
     strict = "asserted" if observe.strict() else "reported (LABKIT_STRICT_OBSERVATIONS=1 asserts them)"
@@ -245,7 +263,8 @@ def main(argv=None) -> int:
     for path in paths:
         record = {}
         try:
-            elapsed, peak, peak_pss = run_notebook(path, write=not args.no_write, timeout=args.timeout, record=record)
+            elapsed, peak, peak_pss = run_notebook(path, write=not args.no_write, timeout=args.timeout, record=record,
+                                                   notes={"generic_blas": slow_blas})
         except Exception as err:  # report and go on: the dry run should list every broken notebook
             failed.append(str(err) if isinstance(err, (CellFailed, ChangedOnDisk))
                           else f"{path.name}: {type(err).__name__}: {err}")

@@ -112,3 +112,16 @@ def test_doctor_says_offline_set_only_when_there_is_no_cifar10(tmp_path, monkeyp
     _doctor_with_data(tmp_path, monkeypatch)
     check = _cifar_check(doctor.doctor(check_horovod=False))
     assert not check.ok and not check.required and "notebooks use the offline data set" in check.value
+
+
+def test_doctor_says_a_generic_blas_kernel_in_one_line(monkeypatch):
+    from labkit.base import blas, machine
+    monkeypatch.setattr(machine, "blas_info", lambda: [{"internal_api": "openblas", "version": "0.3.23",
+                                                        "architecture": "Prescott"}])
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "avx512f"})
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Prescott")
+    report = doctor.doctor(check_horovod=False)
+    check = next(c for c in report.checks if c.name == "blas")
+    assert not check.ok and not check.required  # information: the course still runs
+    assert check.value == blas.generic_blas_line() and "OPENBLAS_CORETYPE=Prescott" in str(report)
+    assert report.info["generic_blas"] == check.value

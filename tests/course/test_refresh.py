@@ -44,6 +44,31 @@ def test_busy_machine_refused_before_any_notebook_runs(monkeypatch, tmp_path, ca
     assert err.count("\n") == 1 and "load average 9.00" in err and "--force" in err
 
 
+GENERIC = "numpy's BLAS (OpenBLAS 0.3.23) runs its generic Prescott kernel on an AVX-512 CPU (...)"
+
+
+def test_generic_blas_refused_before_any_notebook_runs_unless_allowed_and_then_recorded(monkeypatch, tmp_path,
+                                                                                          capsys):
+    monkeypatch.setattr(refresh, "load_gate", lambda force, load, cores: None)
+    monkeypatch.setattr(refresh, "horovod_build", lambda: "not asked in this test")
+    monkeypatch.setattr(refresh, "generic_blas", lambda: GENERIC)
+    seen = notes = []
+
+    def run_notebook(*args, record, notes, **kwargs):
+        record.update(load_before=0.0, load_after=0.0)
+        return seen.append(notes) or (0.0, 0, 0)
+
+    monkeypatch.setattr(refresh, "run_notebook", run_notebook)
+    nb = str(small_notebook(tmp_path / "a.ipynb", "1"))
+    assert refresh.main([nb]) == 2 and notes == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Prescott" in err and "--allow-generic-blas" in err
+    assert refresh.main([nb, "--allow-generic-blas"]) == 0 and notes == [{"generic_blas": GENERIC}]
+    assert refresh.main([nb, "--force"]) == 0 and notes[-1] == {"generic_blas": GENERIC}
+    monkeypatch.setattr(refresh, "generic_blas", lambda: None)
+    assert refresh.main([nb]) == 0 and notes[-1] == {"generic_blas": None}
+
+
 def test_jupyterlab_format_sets_what_jupyterlab_would_and_is_idempotent():
     nb = nbformat.v4.new_notebook()
     nb.nbformat_minor = 4
@@ -72,6 +97,7 @@ def test_jupyterlab_format_gives_the_bytes_jupyterlab_saved():
 @pytest.mark.slow
 def test_refresh_runs_records_and_names_the_failing_cell(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(refresh, "load_gate", lambda force, load, cores: None)  # this test's own numbers only
+    monkeypatch.setattr(refresh, "generic_blas", lambda: None)
     monkeypatch.setattr(refresh, "horovod_build", lambda: "not asked in this test")
     good = small_notebook(tmp_path / "good.ipynb", "import time\ntime.sleep(0.3)", "print('done')")
     bad = small_notebook(tmp_path / "bad.ipynb", "x = 1", "\n# the workshop-only check\nassert x == 2, 'binds here'")
@@ -121,6 +147,7 @@ p.write_text(p.read_text().replace("# a notebook", "# a notebook, typo fixed"))
 
 def test_a_notebook_edited_while_it_ran_keeps_the_edit_and_is_named(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(refresh, "load_gate", lambda force, load, cores: None)
+    monkeypatch.setattr(refresh, "generic_blas", lambda: None)
     monkeypatch.setattr(refresh, "horovod_build", lambda: "not asked in this test")
     edited = small_notebook(tmp_path / "edited.ipynb", _EDIT_DURING_THE_RUN, "print('ran')")
     other = small_notebook(tmp_path / "other.ipynb", "print('ran')")
