@@ -66,7 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"labkit {name}: {module_name}.cli_main is missing", file=sys.stderr)
         return 2
     try:
-        return int(entry(rest) or 0)
+        status = int(entry(rest) or 0)
+        sys.stdout.flush()  # a reader that went away (labkit plan | head -1) is seen here, not at exit
+        return status
+    except BrokenPipeError:  # as any Unix tool whose reader closed the pipe: quiet, the status of a SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 128 + 13
     except KeyboardInterrupt:
         print(f"\nlabkit {name}: interrupted", file=sys.stderr)
         return 130

@@ -103,3 +103,13 @@ def test_labkit_debug_shows_the_traceback(fake_command, monkeypatch):
     monkeypatch.setenv("LABKIT_DEBUG", "1")
     with pytest.raises(ValueError, match="--np"):
         cli.main(["boom"])
+
+
+def test_a_reader_that_goes_away_is_not_an_error():
+    """`labkit plan | head -1`: the pipe's reader closed before labkit wrote; quiet, as any Unix tool."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before labkit writes a line
+    proc = subprocess.run([sys.executable, "-m", "labkit", "plan"], stdout=w, stderr=subprocess.PIPE, text=True,
+                          timeout=300)
+    os.close(w)
+    assert proc.returncode == 141 and proc.stderr == "", (proc.returncode, proc.stderr)
