@@ -376,7 +376,8 @@ def _script_path(answer, tmp: Path) -> Path | Verdict:
     if not isinstance(answer, (str, Path)):
         return Verdict("unreadable", f"Could not read your answer: expected the path of your script, got "
                                      f"{type(answer).__name__}.", str(REFERENCE))
-    path = Path(answer).expanduser()
+    from labkit.base import workdir
+    path = workdir.find(answer)  # by name: from the current folder, or the learner's own (04's starting copy)
     if not path.is_file():
         return Verdict("unreadable", f"Could not read your answer: there is no file {str(answer)!r} (from "
                                      f"{Path.cwd()}).", str(REFERENCE))
