@@ -15,7 +15,7 @@ from pathlib import Path
 
 import labkit
 from labkit.base import config
-from labkit.scale.horovod_info import run_check_build
+from labkit.scale.horovod_info import failed_build, run_check_build
 
 SUPPORTED_PYTHON = ((3, 11), (3, 11))  # the one the suite runs on
 PINNED_TF = "2.15.1"
@@ -92,6 +92,10 @@ def _horovod_check(report: Report) -> Check:
     fix = "build it: `make setup` (or scripts/build-horovod.sh inside your environment)"
     build, returncode, why = run_check_build()
     if build is None:
+        logged = failed_build()  # scripts/setup.sh tried and failed: its reason, and where the log is
+        if logged is not None:
+            why = f"{why}: the last build stopped with: {logged[1]}"
+            fix = f"{fix}, once the cause is fixed; the build's log: {logged[0]}"
         return Check("horovod", False, why, fix)
     # --check-build marks PyTorch even when torch is absent: report TensorFlow and the transports only
     build["frameworks"] = [f for f in build["frameworks"] if f == "TensorFlow"]

@@ -24,6 +24,21 @@ def horovodrun_path() -> str | None:
     return str(local) if local.exists() else shutil.which("horovodrun")
 
 
+BUILD_LOG = "horovod-build.log"  # scripts/setup.sh keeps the build's output there, in the environment's folder
+
+
+def failed_build() -> tuple[Path, str] | None:
+    """(log, reason) of the Horovod build scripts/setup.sh tried in this environment, when one is logged: the
+    reason is the build script's last line; None without a log. (00_welcome)"""
+    log = Path(sys.prefix) / BUILD_LOG
+    try:
+        said = [ln[len("build-horovod: "):] for ln in log.read_text(errors="replace").splitlines()
+                if ln.startswith("build-horovod: ")]
+    except OSError:
+        return None
+    return log, (said[-1] if said else "see the log")
+
+
 def parse_check_build(text: str) -> dict:
     """Parse `horovodrun --check-build` into {'version', 'frameworks', 'controllers', 'operations'}."""
     out = {"version": None, "frameworks": [], "controllers": [], "operations": []}

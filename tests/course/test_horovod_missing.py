@@ -1,0 +1,19 @@
+"""Without Horovod (its build failed): `labkit doctor` names it with the build's reason and log."""
+import sys
+
+from labkit import doctor
+from labkit.scale import horovod_info
+
+
+def test_doctor_names_the_failed_build_and_its_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_HOROVODRUN", str(tmp_path / "no-such-horovodrun"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    check = doctor._horovod_check(doctor.Report())
+    assert not check.ok and check.value == "not installed"  # no log: nothing more to say
+    log = tmp_path / horovod_info.BUILD_LOG
+    log.write_text("build-horovod: building horovod 0.28.1\nerror: ...\nbuild-horovod: no C++ compiler. Fix: "
+                   "apt-get install g++\n")
+    check = doctor._horovod_check(doctor.Report())
+    assert not check.ok
+    assert check.value == "not installed: the last build stopped with: no C++ compiler. Fix: apt-get install g++"
+    assert check.fix.endswith(f"once the cause is fixed; the build's log: {log}") and "make setup" in check.fix
