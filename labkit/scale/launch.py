@@ -374,6 +374,10 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
             print(choice.note, flush=True)
         marker = marker or uuid.uuid4().hex
         env = _launch_env(choice.launcher, choice.settings, env_extra, marker)
+        if "TMPDIR" not in (env_extra or {}):  # the ranks' temporary files (TensorFlow's autograph modules) go
+            scratch = out / f".tmp-{marker}"  # with the launch's folder, even from a rank killed mid-step
+            scratch.mkdir()
+            env["TMPDIR"] = str(scratch)
         cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=choice, hosts=hosts,
                             export=sorted(env) if choice.launcher == "mpi" else (), module=module, threads=threads)
         label, start = label or f"np={np_}", time.perf_counter()
@@ -389,6 +393,8 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
     finally:
         if own_dir:
             shutil.rmtree(out, ignore_errors=True)
+        elif marker is not None:
+            shutil.rmtree(out / f".tmp-{marker}", ignore_errors=True)
         if watchdog is not None:
             try:
                 watchdog.write("done" if state["cleaned"] else "")

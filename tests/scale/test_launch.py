@@ -76,12 +76,18 @@ def test_crashed_rank_gives_its_traceback_and_leaves_no_process(tmp_path):
     assert e.value.rank == 1 and not e.value.timed_out
     assert "injected failure on rank 1" in str(e.value)
     assert _leftovers(marker, str(tmp_path)) == []
+    assert list(tmp_path.glob(".tmp-*")) == []  # the ranks' temporary folder goes with the launch
 
 
 @pytest.mark.horovod
 @pytest.mark.slow
 @needs_horovod
-def test_hung_rank_is_killed_at_the_timeout_with_no_orphans(tmp_path):
+def test_hung_rank_is_killed_at_the_timeout_with_no_orphans(tmp_path, monkeypatch):
+    """...and no temporary file: the killed ranks' TensorFlow autograph modules (20 of them in /tmp before) went
+    into the launch's own folder, removed with it."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # where the ranks' temporary files would go without the launch's
     marker = uuid.uuid4().hex
     args = scaling.train_args(**{**TINY, "warmup_steps": 0}, extra=["--hang-rank", "0", "--fault-at-step", "0"])
     timeout = 20
@@ -91,6 +97,7 @@ def test_hung_rank_is_killed_at_the_timeout_with_no_orphans(tmp_path):
     assert time.perf_counter() - t0 < timeout + 15
     assert e.value.timed_out and "timeout=20" in str(e.value)
     assert _leftovers(marker, str(tmp_path)) == []
+    assert list(tmp.iterdir()) == [] and list(tmp_path.glob(".tmp-*")) == []
 
 
 def test_failing_rank_is_the_cause_not_the_victim():
