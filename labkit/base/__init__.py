@@ -3,6 +3,7 @@
     checks      the one validator of numeric arguments: one line naming the parameter
     config      run profile (quick / workshop / full), seeds, the data directory
     machine     usable cores, thread limits, numpy's BLAS, TensorFlow's oneDNN switch
+    blas        one line when numpy's BLAS runs a generic kernel on a CPU that has better
     timing      timing done right: warm-up, repeats, load average, the machine's GEMM rate
     observe     invariants and observations: what this machine showed against the reference machine, in one line
     plans       launches fitted to this machine's cores, memory and load (each lesson's own: its plans module)
@@ -16,5 +17,5 @@
 The base imports nothing of labkit but itself (tests/test_layers.py reads every import, those inside functions too).
 """
 
-__all__ = ["checks", "config", "machine", "observe", "pixels", "plans", "progress", "rankstats", "resultsfile",
+__all__ = ["blas", "checks", "config", "machine", "observe", "pixels", "plans", "progress", "rankstats", "resultsfile",
            "timing", "training"]

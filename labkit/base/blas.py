@@ -39,3 +39,10 @@ def generic_blas_line(info: list | None = None, flags: set | None = None, env: d
             return (f"numpy's BLAS (OpenBLAS {lib.get('version') or '?'}) runs its generic {kernel} kernel on an "
                     f"{isa} CPU ({why}): numpy's matrix products here are slower than this CPU can do")
     return None
+
+
+def say_if_generic() -> None:
+    """Print generic_blas_line() when there is one: numpy's timings that follow understate this CPU. (02_im2col)"""
+    line = generic_blas_line()
+    if line:
+        print(line)

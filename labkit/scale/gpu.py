@@ -131,6 +131,16 @@ def mfu(images_per_sec: float, forward_flops_per_image: float, peak_flops: float
     return 3.0 * forward_flops_per_image * images_per_sec / peak_flops
 
 
+def mfu_line(images_per_sec: float, forward_flops_per_image: float, peak_flops: float, where: str) -> str:
+    """The MFU as a notebook prints it; above 100 % it says the peak was not this device's (a peak measured
+    with another engine, or on a busy machine) instead of standing as a figure. (07_scaling_deep_dive)"""
+    fraction = mfu(images_per_sec, forward_flops_per_image, peak_flops)
+    line = f"MFU = {100 * fraction:.0f} % of {peak_flops / 1e9:,.0f} GFLOP/s ({where})"
+    if fraction > 1:
+        line += ": above 100 %, so that figure is not this device's peak (measured slower than the training ran)"
+    return line
+
+
 def device_name() -> str:
     """The GPU this process computes on, as TensorFlow names it (e.g. 'NVIDIA H100 80GB HBM3'), or 'CPU'."""
     import tensorflow as tf
@@ -141,20 +151,38 @@ def device_name() -> str:
     return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
 
 
+def tf_gemm_rate(n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of TensorFlow's float32 tf.linalg.matmul of two n x n matrices on this process's device and threads,
+    the fastest of repeats after a warm-up (a peak is a best case). (07_scaling_deep_dive)"""
+    check_int(n, "n", minimum=1)
+    check_int(repeats, "repeats", minimum=1)
+    import tensorflow as tf
+
+    a = tf.random.stateless_normal((n, n), seed=(0, 1))
+    b = tf.random.stateless_normal((n, n), seed=(0, 2))
+    matmul = tf.function(lambda x, y: tf.reduce_sum(tf.linalg.matmul(x, y)))  # .numpy() waits for the product
+    matmul(a, b).numpy()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, b).numpy()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * n ** 3 / best
+
+
 def peak_flops(device: str | None = None, precision: str = "fp32", *, gemm_size: int = 1024) -> tuple[float, str]:
     """(peak FLOP/s, where it comes from) for device (default: the one TensorFlow computes on): a GPU of
-    labkit.flops.hardware's datasheet table, matched by name, or the CPU, whose peak is its measured float32 GEMM
-    rate (labkit.base.timing.gemm_rate, gemm_size^3). (04_horovod_scaling)"""
+    labkit.flops.hardware's datasheet table, matched by name, or the CPU, whose peak is TensorFlow's own float32
+    matmul rate (tf_gemm_rate, gemm_size^3, in this process: the engine and threads the training uses, so a
+    training step cannot beat it; numpy's BLAS may run another kernel). (04_horovod_scaling)"""
     from labkit.flops import hardware
 
     name = device_name() if device is None else device
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"device must be a GPU name from labkit.flops.hardware or 'CPU'; got {device!r}")
     if name.strip().upper() == "CPU":
-        from labkit.base import timing
-
-        rate = timing.gemm_rate(gemm_size, gemm_size, gemm_size) * 1e9
-        return rate, f"this CPU's measured float32 GEMM rate ({gemm_size}^3, numpy): {rate / 1e9:.0f} GFLOP/s"
+        rate = tf_gemm_rate(gemm_size)
+        return rate, f"this CPU's float32 matmul rate in TensorFlow ({gemm_size}^3, fastest of 5)"
     for key, dev in hardware.DEVICES.items():
         if key.lower() in name.lower().replace("-", " ").split() or key.lower() == name.strip().lower():
             return dev.peak_flops(precision), f"{dev.model} datasheet {precision} peak ({dev.source})"

@@ -38,3 +38,15 @@ def test_other_blas_libraries_are_not_judged():
 def test_this_machine_reads_its_own_blas_and_flags():
     line = blas.generic_blas_line()  # whatever this machine runs: None or the one line
     assert line is None or ("kernel" in line and "\n" not in line)
+
+
+def test_say_if_generic_prints_the_line_or_nothing(monkeypatch, capsys):
+    from labkit.base import machine
+    monkeypatch.setattr(machine, "blas_info", lambda: openblas("Prescott"))
+    monkeypatch.setattr(machine, "cpu_flags", lambda: AVX512)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Prescott")
+    blas.say_if_generic()
+    assert capsys.readouterr().out == blas.generic_blas_line() + "\n"
+    monkeypatch.setattr(machine, "blas_info", lambda: openblas("SkylakeX"))
+    blas.say_if_generic()
+    assert capsys.readouterr().out == ""
