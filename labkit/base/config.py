@@ -156,5 +156,5 @@ def describe() -> str:
     from labkit.base import machine, timing  # here: config is imported first and stays light
     line = f"profile={profile()} (LABKIT_PROFILE), data_dir={shown_path(data_dir())} (LABKIT_DATA)"
     # measured numbers depend on what else runs: the load shows it beside them (scripts/refresh_notebooks.py)
-    line += f"\nload average {timing.load_average():.2f} (1 min) on {machine.cores()} cores"
+    line += f"\n{timing.busy().text} on {machine.count_text(machine.cores(), 'core')}"
     return f"{line}\n{SMOKE_NOTE} (LABKIT_SMOKE=1)" if smoke_scale() else line

@@ -92,6 +92,11 @@ def cores() -> int:
 _cores = cores  # for default_threads, whose `cores` argument hides the function
 
 
+def count_text(n: int, noun: str) -> str:
+    """n and the noun, singular for one: '1 usable core', '2 usable cores'. (00_welcome)"""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the NVIDIA driver runs (Linux)
 
 
@@ -172,13 +177,77 @@ def memory() -> int:
     return min(total, limit) if limit else total
 
 
-def memory_available() -> int:
-    """Bytes free for new processes now: what the system says is available, within memory(); memory() itself
-    where LABKIT_MEMORY is set (the plan is then for that machine, not this one)."""
+def _first_number(path: Path, key: str | None = None) -> int | None:
+    """The whole number in a cgroup file (key: the value of its `key N` line), None where absent or unreadable."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    if key is not None:
+        text = next((line.split()[1] for line in text.splitlines() if line.split()[:1] == [key]), "")
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def cgroup_memory_usage(root: Path | str = _CGROUP_ROOT) -> int | None:
+    """Bytes the processes of this cgroup use now, every process in it (this kernel, other kernels, their
+    children), less the file cache the kernel can drop (inactive_file): v2 memory.current, v1
+    memory.usage_in_bytes, as `docker stats` counts them. None where there is no such file. (00_welcome)"""
+    root = Path(root)
+    for usage, stat, cache in ((root / "memory.current", root / "memory.stat", "inactive_file"),
+                               (root / "memory" / "memory.usage_in_bytes", root / "memory" / "memory.stat",
+                                "total_inactive_file")):
+        used = _first_number(usage)
+        if used is not None:
+            return max(0, used - (_first_number(stat, cache) or 0))
+    return None
+
+
+def memory_available(root: Path | str = _CGROUP_ROOT) -> int:
+    """Bytes free for new processes now: under a cgroup memory limit, that limit less what every process of the
+    cgroup uses (other notebooks' kernels in the same container count), and never more than the node has free;
+    without a limit, what the system says is available, within memory(); memory() itself where LABKIT_MEMORY is
+    set (the plan is then for that machine, not this one). (00_welcome)"""
     if setting(MEMORY_ENV) is not None:
         return memory()
     import psutil
-    return min(memory(), psutil.virtual_memory().available)
+    node = psutil.virtual_memory().available
+    limit, used = cgroup_memory_limit(root), cgroup_memory_usage(root)
+    if limit and used is not None:
+        return max(0, min(limit - used, node))
+    return min(limit or memory(), node)
+
+
+def cgroup_cpu_seconds(root: Path | str = _CGROUP_ROOT) -> float | None:
+    """CPU seconds the processes of this cgroup have used since it began (v2 cpu.stat usage_usec, v1
+    cpuacct.usage), None where there is no such file."""
+    root = Path(root)
+    usec = _first_number(root / "cpu.stat", "usage_usec")
+    if usec is not None:
+        return usec / 1e6
+    nsec = _first_number(root / "cpuacct" / "cpuacct.usage")
+    return None if nsec is None else nsec / 1e9
+
+
+def cgroup_cpu_pressure(root: Path | str = _CGROUP_ROOT) -> float | None:
+    """Percent of the last 10 s in which some process of this cgroup waited for a core (cpu.pressure's
+    "some avg10", where the kernel keeps pressure figures: PSI), None where it keeps none."""
+    try:
+        line = next(line for line in (Path(root) / "cpu.pressure").read_text().splitlines() if line.startswith("some"))
+        return float(next(f for f in line.split() if f.startswith("avg10="))[len("avg10="):])
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def cgroup_throttled(root: Path | str = _CGROUP_ROOT) -> float | None:
+    """The share of the quota's periods (since the cgroup began) in which its processes used the whole quota and
+    waited for the next period (cpu.stat nr_throttled / nr_periods, v2 and v1), None without a quota or file."""
+    root = Path(root)
+    for stat in (root / "cpu.stat", root / "cpu" / "cpu.stat"):
+        periods, throttled = _first_number(stat, "nr_periods"), _first_number(stat, "nr_throttled")
+        if periods:
+            return (throttled or 0) / periods
+    return None
 
 
 def _usable_cores() -> int:
@@ -404,7 +473,7 @@ def cpu_model() -> str:
 def describe(tensorflow: bool = True) -> str:
     """Lines naming the CPU, usable cores, numpy's BLAS and kernel, the OpenBLAS pins, TensorFlow and
     whether its oneDNN kernels are on (tensorflow=False: skip TF, so no TF import). (02_im2col)"""
-    lines = [f"CPU: {cpu_model()}; {cores()} usable cores of {os.cpu_count()}"]
+    lines = [f"CPU: {cpu_model()}; {count_text(cores(), 'usable core')} of {os.cpu_count()}"]
     try:
         libs = blas_info()
     except ImportError:

@@ -66,11 +66,12 @@ class Experiment:
 
 def here() -> Machine:
     """This machine as labkit sees it. LABKIT_CORES / LABKIT_MEMORY override the cores and the memory; with
-    LABKIT_CORES set the load average is not counted (the cores named are the ones free for labkit). The load
-    is NaN where the system keeps no load average (timing.load_average's contract): unknown, counted as 0."""
+    LABKIT_CORES set the load is not counted (the cores named are the ones free for labkit). The load is
+    timing.busy()'s cores' worth (a CPU-limited container's own use, else the load average), NaN where unknown
+    (no load average on this system): counted as 0."""
     from labkit.base import machine, timing
     named = machine.setting(machine.CORES_ENV) is not None
-    return Machine(machine.cores(), machine.memory_available(), 0.0 if named else timing.load_average(), not named,
+    return Machine(machine.cores(), machine.memory_available(), 0.0 if named else timing.busy().cores, not named,
                    machine.gpus())
 
 
@@ -209,7 +210,8 @@ def _header(profile: str, m: Machine) -> str:
     if m.gpus:
         gpus = (f"; {m.gpus} NVIDIA GPU{'s' * (m.gpus > 1)}: the notebooks' workers run on the CPU (`labkit scale` "
                 f"gives each worker a GPU, up to {m.gpus} per node)")
-    return f"profile {profile}; {m.cores} usable cores, {m.memory / 2**30:.1f} GiB free{memory}, {seen}{gpus}"
+    cores = machine.count_text(m.cores, "usable core")
+    return f"profile {profile}; {cores}, {m.memory / 2**30:.1f} GiB free{memory}, {seen}{gpus}"
 
 
 def describe(planners, profile: str | None = None, m: Machine | None = None) -> str:

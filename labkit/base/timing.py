@@ -125,3 +125,50 @@ def load_average() -> float:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return float("nan")
+
+
+@dataclass(frozen=True)
+class Busy:
+    """How busy the cores this process may use are: `cores`' worth of work other processes put on them (NaN:
+    unknown), where it was read (`source`) and the reading in words (`text`). (00_welcome)"""
+
+    cores: float
+    source: str  # "load average" (the node's), "container" (its cgroup's CPU use), "pressure" (its PSI), "unknown"
+    text: str
+
+    @property
+    def others(self) -> str:
+        """Who takes the cores, as the learner can act on it."""
+        if self.source == "load average":
+            return "Other programs"
+        return "Processes in this container (other notebooks' kernels, programs started from a terminal)"
+
+
+BUSY_WINDOW_S = 0.2  # how long busy() watches a CPU-limited container's use
+
+
+def busy(root=None, window: float = BUSY_WINDOW_S, sleep=time.sleep) -> Busy:
+    """How busy this process's cores are. Under a cgroup CPU quota (a container such as Binder's): the cores'
+    worth its processes used over `window` seconds (cpu.stat; the kernel calling this sleeps meanwhile), else
+    the share of the last 10 s they waited for a core (cpu.pressure) times the quota; the node's load average
+    only where no quota limits this process (it counts other containers' work, on cores this one cannot use).
+    root: the cgroup folder (default machine's). (00_welcome)"""
+    from labkit.base import machine
+    root = machine._CGROUP_ROOT if root is None else root
+    quota = machine.cgroup_cpu_limit(root)
+    if quota is None:
+        load = load_average()
+        text = f"load average {load:.2f} (1 min)" if math.isfinite(load) else "no load average on this system"
+        return Busy(load, "load average", text)
+    limit = f"within its limit of {quota:g} core{'' if quota == 1 else 's'}"
+    before = machine.cgroup_cpu_seconds(root)
+    if before is not None:
+        sleep(window)
+        after = machine.cgroup_cpu_seconds(root)
+        used = max(0.0, (after - before) / window) if after is not None else float("nan")
+        return Busy(used, "container", f"this container's processes use {used:.2f} cores' worth {limit}")
+    pressure = machine.cgroup_cpu_pressure(root)
+    if pressure is not None:
+        return Busy(pressure / 100 * quota, "pressure",
+                    f"this container's processes waited for a core {pressure:.0f} % of the last 10 s {limit}")
+    return Busy(float("nan"), "unknown", f"this container's CPU use is unreadable ({limit})")

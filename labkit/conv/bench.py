@@ -10,7 +10,6 @@ the reader's business.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -19,7 +18,7 @@ import numpy as np
 from labkit import conv
 from labkit.base import config, machine
 from labkit.base.checks import check_int
-from labkit.base.timing import Timing, compare, gemm_rate, load_average, timeit  # noqa: F401  (bench.timeit in 02_im2col)
+from labkit.base.timing import Timing, busy, compare, gemm_rate, load_average, timeit  # noqa: F401, E501  (bench.timeit in 02_im2col)
 from labkit.conv.shapes import _check_chunk_size
 
 # ----------------------------------------------------------------------------------------------------
@@ -111,7 +110,8 @@ class BenchResult:
     openblas_env: dict
     blas: list
     layers: list = field(default_factory=list)
-    load_average: list = field(default_factory=list)  # 1-minute load average before and after the run
+    load_average: list = field(default_factory=list)  # timing.busy()'s cores' worth before and after the run
+    cores: int = 0  # machine.cores() during the run (0: not recorded)
     machine_gemm_size: int = 2048
     threads: dict = field(default_factory=dict)  # {"blas": N, "tf_intra_op": M, "tf_inter_op": L (0: one per core)}
     clock: str = "wall"  # "wall": elapsed time; "cpu": CPU time of all threads (GFLOP/s per busy core)
@@ -202,15 +202,18 @@ class BenchResult:
                  self.machine,
                  f"this machine's float32 GEMM (numpy, {self.machine_gemm_size}^3): {self.machine_gemm_gflops:.1f} GFLOP/s"]
         if self.threads:
-            per_core = f"{os.cpu_count()} (one per core)"
+            per_core = f"{machine.cores()} (one per core)"
             lines.append(f"threads: numpy BLAS and im2col workers {self.threads.get('blas')}, TensorFlow intra-op "
                          f"{self.threads.get('tf_intra_op') or per_core}, inter-op "
                          f"{self.threads.get('tf_inter_op') or per_core}")
         if self.load_average:
-            busy = max(self.load_average) > 0.5 * (os.cpu_count() or 1)
-            lines.append(f"load average (1 min) {' -> '.join(f'{v:.1f}' for v in self.load_average)} on "
-                         f"{os.cpu_count()} cores" + (": other programs competed for the CPU; trust the "
-                                                      "ratios more than the GFLOP/s" if busy else ""))
+            cores = self.cores or machine.cores()
+            busy = max(self.load_average) > 0.5 * cores
+            lines.append(f"other work (cores' worth; the load average, or a CPU-limited container's own use) "
+                         f"{' -> '.join(f'{v:.1f}' for v in self.load_average)} on "
+                         f"{machine.count_text(cores, 'usable core')}" + (": other programs competed for the CPU; "
+                                                                         "trust the ratios more than the GFLOP/s"
+                                                                         if busy else ""))
         lines.append("")
         if {"im2col_tf", "gemm", "tf_gemm"} & set(self.methods):
             lines.append("engines: im2col = numpy's im2col + numpy GEMM; im2tf = conv2d_im2col(engine='tf'), "
@@ -307,6 +310,7 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
     from threadpoolctl import threadpool_limits
 
     args = (layers, batch_size, repeats, naive_size, chunk_size, naive, seed, progress, tf, cpu_time, stat, methods)
+    conv.blas_threads()  # numpy's BLAS set to machine.cores() threads (its first use) before any narrower limit
     if threads is not None:
         if (tf.config.threading.get_intra_op_parallelism_threads() != threads
                 or tf.config.threading.get_inter_op_parallelism_threads() != threads):
@@ -318,6 +322,12 @@ def conv_bench(layers=RESNET50_LAYERS, batch_size=None, repeats=None, naive_size
                                  f"process; run `labkit conv-bench --threads {threads}` instead") from err
         with threadpool_limits(limits=threads, user_api="blas"):
             return _conv_bench(*args)
+    if tf.config.threading.get_intra_op_parallelism_threads() == 0:  # TF's default: one per core it sees
+        try:  # machine.cores() (LABKIT_CORES, a container's quota), where TF's pools are not running yet
+            tf.config.threading.set_intra_op_parallelism_threads(machine.cores())
+            tf.config.threading.set_inter_op_parallelism_threads(machine.cores())
+        except RuntimeError:
+            pass
     return _conv_bench(*args)
 
 
@@ -339,7 +349,7 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
     result = BenchResult(profile=config.profile(), batch_size=batch_size, repeats=repeats, chunk_size=chunk_size,
                          machine_gemm_gflops=gemm_rate(*(settings["gemm_size"],) * 3, repeats=repeats, clock=clock),
                          machine=machine.describe(), openblas_env=machine.openblas_env(), blas=machine.blas_info(),
-                         load_average=[load_average()], machine_gemm_size=settings["gemm_size"],
+                         load_average=[busy().cores], cores=machine.cores(), machine_gemm_size=settings["gemm_size"],
                          threads={"blas": conv.blas_threads(),
                                   "tf_intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
                                   "tf_inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
@@ -386,7 +396,7 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
         result.layers.append(row)
         if progress:
             progress(row)
-    result.load_average.append(load_average())
+    result.load_average.append(busy().cores)
     return result
 
 
@@ -421,13 +431,20 @@ def chunk_sweep(layer: ConvLayer = RESNET50_LAYERS[0], chunk_sizes=(64, 256, 102
     rows = []
     for cs, t in timings.items():
         rows_per_chunk = _check_chunk_size(cs, g, np.float32, layer.c_out)
-        chunks, workers = conv.plan(g, rows_per_chunk, threads)
-        buffer_rows = max((n1 - n0) * (r1 - r0) * g.w_out for n0, n1, r0, r1 in chunks) * workers
         label = "whole batch" if cs is None else (f"auto ({rows_per_chunk})" if cs == "auto" else cs)
-        rows.append({"chunk_size": label, "GEMMs": len(chunks), "threads": workers,
-                     "im2col buffer (MiB)": round(buffer_rows * g.cols_shape[1] * 4 / 2**20, 2),
+        rows.append({"chunk_size": label, **chunk_buffer(g, rows_per_chunk, threads),
                      "GFLOP/s": round(t.gflops(g.flops(layer.c_out)), 1)})
     return pd.DataFrame(rows).set_index("chunk_size")
+
+
+def chunk_buffer(g, rows_per_chunk, threads=None) -> dict:
+    """conv2d_im2col's plan for geometry g at rows_per_chunk (None: the whole batch): its GEMMs, its threads (None:
+    conv.plan's default, from machine.cores()) and the im2col buffer of all its threads together in float32 MiB,
+    rounded to 0.01 (each thread holds one chunk's). chunk_sweep's columns. (02_im2col)"""
+    chunks, workers = conv.plan(g, rows_per_chunk, threads)
+    buffer_rows = max((n1 - n0) * (r1 - r0) * g.w_out for n0, n1, r0, r1 in chunks) * workers
+    return {"GEMMs": len(chunks), "threads": workers,
+            "im2col buffer (MiB)": round(buffer_rows * g.cols_shape[1] * 4 / 2**20, 2)}
 
 
 # ----------------------------------------------------------------------------------------------------

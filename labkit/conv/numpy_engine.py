@@ -207,17 +207,27 @@ _blas = None  # threadpoolctl's handle on numpy's BLAS, made on first use
 _pools: dict = {}
 
 
+_cores_limit = None  # threadpoolctl's limit that sets numpy's BLAS to machine.cores(), kept for the process
+
+
 def _blas_controller():
-    global _blas
+    """threadpoolctl's handle on numpy's BLAS; on first use it sets BLAS to machine.cores() threads (LABKIT_CORES
+    honoured, a container's CPU quota too), as many as this engine's workers."""
+    global _blas, _cores_limit
     if _blas is None:
         from threadpoolctl import ThreadpoolController
 
+        from labkit.base import machine
+
         _blas = ThreadpoolController().select(user_api="blas")
+        _cores_limit = _blas.limit(limits=machine.cores())
     return _blas
 
 
 def blas_threads() -> int:
-    """How many threads numpy's BLAS uses now (threadpoolctl; 1 when it cannot tell)."""
+    """How many threads numpy's BLAS uses now (threadpoolctl; 1 when it cannot tell): machine.cores() from this
+    engine's first use, fewer inside a narrower threadpoolctl limit (conv_bench's threads), and never above what
+    the BLAS was built for (OpenBLAS: 64 in numpy's wheels). (02_im2col)"""
     info = _blas_controller().info()
     return max([int(lib.get("num_threads") or 1) for lib in info] or [1])
 
@@ -242,8 +252,10 @@ def plan(g: ConvGeometry, chunk_size, threads=None) -> tuple:
         raise ValueError(f"threads must be a positive int or None; got {threads!r}")
     if chunk_size is None:  # the textbook version: the whole matrix, one GEMM on BLAS's own threads
         return [(0, g.n, 0, g.h_out)], 1
-    if threads is None:
-        threads = max(1, min(blas_threads(), g.cols_shape[0] // PARALLEL_MIN_ROWS))
+    if threads is None:  # machine.cores(), or a narrower BLAS limit in force (conv_bench's threads)
+        from labkit.base import machine
+
+        threads = max(1, min(machine.cores(), blas_threads(), g.cols_shape[0] // PARALLEL_MIN_ROWS))
     chunks = _chunks(g, chunk_size, threads)
     return chunks, min(threads, len(chunks))
 
