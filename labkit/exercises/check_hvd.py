@@ -384,6 +384,10 @@ def _script_path(answer, tmp: Path) -> Path | Verdict:
     return path
 
 
+NO_HOROVOD = ("Horovod is not installed here (its build failed or was skipped), so your script cannot run on 2 "
+              "workers: `labkit doctor` says why and how to fix it. Until then, compare your script with the "
+              "reference conversion, labkit/scale/keras_hvd.py (the diff above).")
+
 _LOG_NOISE = ("WARNING", "W ", "I ", "[20", "Missing ranks", "One or more tensors", "Traceback", "File ")
 
 
@@ -409,7 +413,11 @@ def _launch_failure(err) -> str:
 
 def judge(answer=None, *, timeout: float = TIMEOUT) -> Verdict:
     """The verdict on the learner's script (runs it on NP workers; no printing)."""
+    import importlib.util
+
     from labkit.scale.launch import HorovodRunError
+    if answer not in (None, Ellipsis) and importlib.util.find_spec("horovod") is None:
+        return Verdict("unreadable", NO_HOROVOD, str(REFERENCE))  # the launch could only fail, and say less
     with tempfile.TemporaryDirectory(prefix="labkit-check-") as tmp:
         path = _script_path(answer, Path(tmp))
         if isinstance(path, Verdict):

@@ -17,3 +17,12 @@ def test_doctor_names_the_failed_build_and_its_log(tmp_path, monkeypatch):
     assert not check.ok
     assert check.value == "not installed: the last build stopped with: no C++ compiler. Fix: apt-get install g++"
     assert check.fix.endswith(f"once the cause is fixed; the build's log: {log}") and "make setup" in check.fix
+
+
+def test_the_horovod_exercise_says_what_is_missing_instead_of_a_launch_failure(monkeypatch):
+    from labkit.exercises import check_hvd
+    monkeypatch.setitem(sys.modules, "horovod", None)  # as after a failed build: find_spec says None
+    verdict = check_hvd.judge(str(check_hvd.REFERENCE))
+    assert verdict.status == "unreadable" and verdict.message == check_hvd.NO_HOROVOD
+    assert verdict.message.startswith("Horovod is not installed here") and "labkit doctor" in verdict.message
+    assert check_hvd.judge(None).status == "unanswered"  # an unanswered exercise still says so first
