@@ -161,6 +161,7 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
     with contextlib.ExitStack() as stack:
         if kernel_stderr is None:
             kernel_stderr = stack.enter_context(tempfile.TemporaryFile())
+        figures_file = stack.enter_context(_figures_record())  # what each observation saw (the reference file)
         stack.enter_context(client.setup_kernel(stderr=kernel_stderr))
         _stop_cells_on_signal(client, stopped)
         monitor = PeakRSS(client.km.provisioner.process.pid)
@@ -178,10 +179,12 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
                     raise CellFailed(path.name, index, cell.source, err) from err
         finally:
             monitor.stop()
+        from labkit.base import reference
+        figures = reference.read_record(figures_file)  # before the with removes the file
     elapsed = time.perf_counter() - start
-    info.update(load_after=round(load_average(), 2), wall_s=round(elapsed, 1))
+    info.update(load_after=round(load_average(), 2), wall_s=round(elapsed, 1), date=reference.today())
     nb.metadata.setdefault("labkit", {})["refresh"] = dict(info, profile=os.environ.get("LABKIT_PROFILE", "workshop"),
-                                                           **(notes or {}))
+                                                           **(notes or {}), figures=figures)
     jupyterlab_format(nb, language_info)
     if record is not None:
         record.update(info)
@@ -211,6 +214,32 @@ def load_gate(force: bool, load: float, cores: int) -> str | None:
             "other programs would slow the measurements these outputs commit")
     return f"--force: starting anyway; {busy}" if force else \
         f"refresh: {busy}. Wait until the machine is quiet, or run with --force (make refresh FORCE=1)"
+
+
+@contextlib.contextmanager
+def _figures_record():
+    """A temporary file the kernel's observations append their figures to (RECORD_ENV set while the kernel
+    starts, so the kernel inherits it); yields its path."""
+    from labkit.base import reference
+    with tempfile.TemporaryDirectory(prefix="labkit-figures-") as folder:
+        where = Path(folder) / "figures.jsonl"
+        old = os.environ.get(reference.RECORD_ENV)
+        os.environ[reference.RECORD_ENV] = str(where)
+        try:
+            yield where
+        finally:
+            if old is None:
+                os.environ.pop(reference.RECORD_ENV, None)
+            else:
+                os.environ[reference.RECORD_ENV] = old
+
+
+def write_reference(paths=None) -> Path:
+    """notebooks/results/reference.json from the committed notebooks (reference.from_notebooks: the one builder,
+    called after a pass that wrote outputs, and by hand before the first such pass)."""
+    from labkit.base import reference
+    paths = paths or sorted((HERE / "notebooks").glob("[0-9]*.ipynb"))
+    return reference.write(reference.from_notebooks(paths))
 
 
 def generic_blas() -> str | None:
@@ -274,6 +303,9 @@ def main(argv=None) -> int:
         print(f"{path.name:<32} {elapsed:>8.1f} s {peak / 2**20:>6.0f} MiB {peak_pss / 2**20:>6.0f} MiB "
               f"{record['load_before']:>11.2f} -> {record['load_after']:.2f}", flush=True)
     print(f"{'total':<32} {total:>8.1f} s   load average at the end: {load_average():.2f}")
+    ours = all(p.resolve().parent == HERE / "notebooks" for p in paths)  # the course's notebooks, not a test's
+    if not args.no_write and total and ours:
+        print(f"reference run written: {write_reference().relative_to(HERE)}")
     if failed:
         print(f"FAILED: {len(failed)} of {len(paths)} notebooks; nothing was written for them:", file=sys.stderr)
         for line in failed:

@@ -9,7 +9,7 @@ reference machine) it raises AssertionError instead, so the committed outputs st
 
     from labkit.base import observe
     observe.say_if_busy()                           # one line when other programs keep the cores busy
-    observe.observation(two > one, "two workers beat one", here=f"{two / one:.2f}x", reference="1.51x")
+    observe.observation(two > one, "two workers beat one", here=f"{two / one:.2f}x")  # reference: the reference file
     observe.one_core("two workers must share it", "the workers stay in sync")   # printed on 1 core only
 """
 from __future__ import annotations
@@ -54,11 +54,15 @@ def likely_reason(cores: int | None = None, load: float | None = None) -> str:
 def observation(holds, what: str, here: str = "", reference: str = "", why: str | None = None) -> None:
     """Check an observation: silent when it holds; else one printed line (this machine, the reference machine,
     the likely reason), or AssertionError where strict() (the suite on the reference machine). Returns None, so
-    a notebook cell that ends with it shows nothing more."""
+    a notebook cell that ends with it shows nothing more. The reference machine's figure is the reference file's
+    for `what` (labkit.base.reference) unless `reference` says it in words."""
     if not isinstance(what, str) or not what:
         raise ValueError(f"what must be a non-empty str naming the observation; got {what!r}")
+    from labkit.base import reference as reference_run
+    reference_run.record(what, here)  # the refresh keeps what this run saw: the reference file's figures
     if bool(holds):
         return None
+    reference = reference or reference_run.figure(what)
     shown = [f"here: {here}" if here else "", f"the reference machine ({REFERENCE}): {reference}" if reference else ""]
     shown = "; ".join(s for s in shown if s)
     line = f"Not seen on this machine: {what}{f' ({shown})' if shown else ''}. Likely why: {why or likely_reason()}."
