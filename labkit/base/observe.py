@@ -33,22 +33,26 @@ def strict() -> bool:
     return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def _load() -> float:
+def _busy(load: float | None):
+    """timing.busy() here, or `load` (cores' worth, as a load average reads) where given."""
     from labkit.base import timing
-    return timing.load_average()
+    if load is None:
+        return timing.busy()
+    return timing.Busy(load, "load average", f"load average {load:.1f}" if math.isfinite(load) else "no load average")
 
 
 def likely_reason(cores: int | None = None, load: float | None = None) -> str:
     """Why this machine may differ from the reference one: too few cores, other programs' load, or the hardware."""
     from labkit.base import machine
     cores = machine.cores() if cores is None else cores
-    load = _load() if load is None else load
     if cores < 2:
         return "this machine has 1 usable core, the reference machine 2: parallel workers share it"
-    if math.isfinite(load) and load > BUSY_SHARE * cores:
-        return f"this machine is busy (load average {load:.1f} on {cores} cores): other programs take the cores"
-    return (f"a different CPU, BLAS or memory system ({cores} cores here): single runs of a few seconds also "
-            "vary from run to run")
+    busy = _busy(load)
+    if math.isfinite(busy.cores) and busy.cores > BUSY_SHARE * cores:
+        return (f"this machine is busy ({busy.text} on {machine.count_text(cores, 'core')}): "
+                f"{busy.others.lower()} take the cores")
+    return (f"a different CPU, BLAS or memory system ({machine.count_text(cores, 'core')} here): single runs of a few "
+            "seconds also vary from run to run")
 
 
 def observation(holds, what: str, here: str = "", reference: str = "", why: str | None = None) -> None:
@@ -78,17 +82,18 @@ def observation(holds, what: str, here: str = "", reference: str = "", why: str 
     return None
 
 
-def busy_line(cores: int | None = None, load: float | None = None) -> str:
-    """One line saying the timings will be noisy and why, when the load average is above 3/4 of the usable
-    cores; '' on a quiet machine."""
+def busy_line(cores: int | None = None, load: float | None = None, busy=None) -> str:
+    """One line saying the timings will be noisy and why, when other work takes more than 3/4 of the usable
+    cores (timing.busy(): the container's own CPU use where a quota limits it, else the load average; `load`: a
+    load average to judge instead, `busy`: a timing.Busy); '' on a quiet machine."""
     from labkit.base import machine
     cores = machine.cores() if cores is None else cores
-    load = _load() if load is None else load
-    if not math.isfinite(load) or load <= BUSY_SHARE * cores:
+    busy = _busy(load) if busy is None else busy
+    if not math.isfinite(busy.cores) or busy.cores <= BUSY_SHARE * cores:
         return ""
-    return (f"This machine is busy: load average {load:.1f} against {cores} usable core{'s' * (cores != 1)}. Other "
-            "programs compete for the cores, so the timings below will be noisy and slower than the reference "
-            "machine's.")
+    text = f"load average {busy.cores:.1f}" if busy.source == "load average" else busy.text
+    return (f"This machine is busy: {text} against {machine.count_text(cores, 'usable core')}. {busy.others} "
+            "compete for the cores, so the timings below will be noisy and slower than the reference machine's.")
 
 
 def say_if_busy() -> None:
@@ -99,15 +104,16 @@ def say_if_busy() -> None:
 
 
 def conditions(cores: int | None = None, load: float | None = None) -> str:
-    """The load average against the usable cores, with busy_line() above it when timings will be noisy."""
+    """How busy the usable cores are (busy_line's reading), with busy_line() above it when timings will be noisy."""
     from labkit.base import machine
     cores = machine.cores() if cores is None else cores
-    load = _load() if load is None else load
-    if not math.isfinite(load):
-        return f"{cores} usable cores; no load average on this system (timings may be noisy if other programs run)"
-    line = f"load average {load:.2f} (1 min) on {cores} usable core{'s' if cores != 1 else ''}"
-    warn = busy_line(cores, load)
-    return f"{warn}\n{line}" if warn else f"{line}: quiet enough for the timings below"
+    busy = _busy(load)
+    usable = machine.count_text(cores, "usable core")
+    if not math.isfinite(busy.cores):
+        return f"{usable}; {busy.text} (timings may be noisy if other programs run)"
+    text = f"load average {busy.cores:.2f} (1 min)" if busy.source == "load average" else busy.text
+    warn = busy_line(cores, busy=busy)
+    return f"{warn}\n{text} on {usable}" if warn else f"{text} on {usable}: quiet enough for the timings below"
 
 
 def one_core(what: str, still: str, cores: int | None = None) -> None:
@@ -117,6 +123,7 @@ def one_core(what: str, still: str, cores: int | None = None) -> None:
     cores = machine.cores() if cores is None else cores
     if cores > 1:
         return
+    from labkit.deepdive import vcluster
+    cluster = ", or on the virtual cluster of the deep dive (2-4 nodes)" if vcluster.why_not() is None else ""
     print(f"This machine gives this notebook 1 core: {what}. What still holds here: {still}. For the speed-up "
-          "itself, run this notebook on a machine with 2 or more cores, or on the virtual cluster of the deep "
-          "dive (2-4 nodes, scripts/vcluster.sh).")
+          f"itself, run this notebook on a machine with 2 or more cores{cluster}.")
