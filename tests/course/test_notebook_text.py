@@ -6,6 +6,7 @@ first line is a comment that says in words what the cell checks or sets.
 """
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -77,5 +78,68 @@ def test_the_rules_catch_what_they_name(tmp_path):
     assert nbval_lines(bad) == ["cell 0: # NBVAL_CHECK_OUTPUT"]
     assert [line.split(":")[0] for line in unsaid_checks(bad)] == ["cell 1", "cell 2", "cell 3"]
     good = notebook(code("print(1)"), {"cell_type": "markdown", "source": "text", "metadata": {}},
-                    code("# Check: the im2col result equals tf.nn.conv2d to float32 tolerance\nassert x", collapsed=True))
+                    code("# Check: the im2col result equals tf.nn.conv2d to float32 tolerance\nassert x",
+                         collapsed=True))
     assert nbval_lines(good) == [] and unsaid_checks(good) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Horovod's defaults as the text quotes them, against the installed Horovod (horovodrun's own help text)
+
+def horovod_defaults() -> dict:
+    """{'fusion_threshold_mb': 128, 'cycle_time_ms': 1.0} as the installed horovodrun's help states them (its
+    MB are 1024 x 1024 bytes: horovod/runner/common/util/config_parser.py multiplies by 1024 * 1024)."""
+    import importlib.util
+    spec = importlib.util.find_spec("horovod.runner.launch")
+    if spec is None or not spec.origin:
+        pytest.skip("Horovod is not installed")
+    text = Path(spec.origin).read_text(encoding="utf-8")  # horovodrun's parser, as --help prints it
+    found = {}
+    for option in ("fusion-threshold-mb", "cycle-time-ms"):
+        block = re.search(rf"add_argument\('--{option}'(.*?)\)\n", text, re.S)
+        m = re.search(r"\(default: ([\d.]+)", block.group(1)) if block else None
+        if m:
+            found[option.replace("-", "_")] = float(m.group(1))
+    assert set(found) == {"fusion_threshold_mb", "cycle_time_ms"}, found
+    return found
+
+
+def misquoted_horovod_defaults(text: str, defaults: dict) -> list[str]:
+    """Sentences that quote Horovod's fusion buffer or cycle time as a default other than the installed one's
+    (a sentence that names the documentation quotes the documentation's 64 MB on purpose)."""
+    mib, ms = defaults["fusion_threshold_mb"], defaults["cycle_time_ms"]
+    bad = []
+    for sentence in re.split(r"(?<=[.;])\s+", " ".join(text.split())):
+        if "documentation" in sentence.lower():
+            continue
+        if re.search(r"fusion|FUSION_THRESHOLD", sentence):
+            for size in re.findall(r"(\d+(?:\.\d+)?)\s*(?:MB|MiB)\b", sentence):
+                if float(size) != mib:
+                    bad.append(sentence)
+            for product in re.findall(r"(\d+)\s*x\s*1024\s*x\s*1024", sentence):
+                if float(product) != mib:
+                    bad.append(sentence)
+        if re.search(r"CYCLE_TIME|cycle time", sentence):
+            for value in re.findall(r"(\d+(?:\.\d+)?)\s*ms by default|"
+                                    r"default(?:s)?(?: of| is|:)?\s*(\d+(?:\.\d+)?)\s*ms", sentence):
+                number = next(v for v in value if v)
+                if float(number) != ms:
+                    bad.append(sentence)
+    return bad
+
+
+def test_horovods_defaults_in_the_text_are_the_installed_horovods():
+    from labkit.scale import allreduce
+    defaults = horovod_defaults()
+    assert allreduce.FUSION_THRESHOLD == defaults["fusion_threshold_mb"] * 1024 * 1024
+    bad = [f"{p.name} cell {i}: {s}" for p in NOTEBOOKS for i, cell in enumerate(cells(p))
+           if cell["cell_type"] == "markdown" for s in misquoted_horovod_defaults(source(cell), defaults)]
+    assert not bad, "Horovod's defaults quoted wrong:\n" + "\n".join(bad)
+
+
+def test_a_misquoted_horovod_default_is_caught():
+    defaults = {"fusion_threshold_mb": 128.0, "cycle_time_ms": 1.0}
+    assert misquoted_horovod_defaults("Tensor fusion packs gradients into one 64 MB buffer.", defaults)
+    assert misquoted_horovod_defaults("Horovod wakes every HOROVOD_CYCLE_TIME (5 ms by default).", defaults)
+    assert not misquoted_horovod_defaults("Its fusion buffer holds 128 MiB; its documentation still says 64 MB. "
+                                          "It wakes every HOROVOD_CYCLE_TIME (1 ms by default).", defaults)
