@@ -8,12 +8,18 @@ os.getppid() does. Without this, two ~530 MB TensorFlow workers would wait forev
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing as mp
 import os
+import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
+import weakref
+from pathlib import Path
 
 from labkit.base import machine
 
@@ -43,18 +49,45 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
         time.sleep(interval_s)
 
 
-def _worker_init(threads: int, tensorflow: bool, parent_pid: int) -> None:
+def _worker_init(threads: int, tensorflow: bool, parent_pid: int, tmp: str | None = None) -> None:
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the sweep's process, which ends the workers
+    if tmp:  # a worker ended by kill_pool skips its own clean-up: its temporary files go with the pool's folder
+        os.environ["TMPDIR"] = tempfile.tempdir = tmp
     machine.limit_threads(threads, tensorflow=tensorflow)
+
+
+_POOL_TMP = re.compile(r"labkit-pool-(\d+)-")
+
+
+def _sweep_orphans(parent: Path) -> None:
+    """Remove the temporary folders of pools whose process is gone (a kernel killed with -9)."""
+    for old in parent.glob("labkit-pool-*"):
+        match = _POOL_TMP.match(old.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
 
 
 
 def new_pool(num_workers: int, threads: int, tensorflow: bool = True) -> cf.ProcessPoolExecutor:
     """A spawn-context pool whose workers are pinned to `threads` threads each and die with this process.
     (05_network_sweep)"""
-    return cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=mp.get_context("spawn"),
-                                  initializer=_worker_init, initargs=(threads, tensorflow, os.getpid()))
+    tmp = None
+    with contextlib.suppress(OSError):  # no writable temporary folder: the workers keep the default
+        _sweep_orphans(Path(tempfile.gettempdir()))
+        tmp = tempfile.mkdtemp(prefix=f"labkit-pool-{os.getpid()}-")
+    pool = cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=mp.get_context("spawn"),
+                                  initializer=_worker_init, initargs=(threads, tensorflow, os.getpid(), tmp))
+    if tmp:  # removed once the pool is shut down and dropped, or at exit
+        weakref.finalize(pool, shutil.rmtree, tmp, True)
+    pool.labkit_tmp = tmp
+    return pool
 
 
 def kill_pool(pool) -> None:
@@ -72,6 +105,8 @@ def kill_pool(pool) -> None:
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=5)
+    if getattr(pool, "labkit_tmp", None):  # the workers' temporary files, left by the kill
+        shutil.rmtree(pool.labkit_tmp, ignore_errors=True)
 
 
 def raise_interrupt(signum, frame):

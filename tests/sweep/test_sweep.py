@@ -465,3 +465,22 @@ def test_starting_over_keeps_the_old_results_until_a_new_one_lands(tmp_path):
     assert none.ran == 0 and out.read_bytes() == before
     one = sweep.run_sweep(configs[:1], Toy(str(tmp_path)), out, resume=False, tensorflow=False, progress=False)
     assert one.ran == 1 and [r["config"]["i"] for r in sweep.load_results(out)] == [0]  # started over
+
+
+def leave_a_temp_file() -> str:
+    """A worker's temporary file that its own clean-up would remove (as TensorFlow's autograph modules)."""
+    import tempfile
+    fd, name = tempfile.mkstemp(suffix=".py")
+    os.close(fd)
+    return name
+
+
+def test_killed_workers_leave_no_temporary_file(tmp_path, monkeypatch):
+    from labkit.sweep import workerpool
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    pool = workerpool.new_pool(1, threads=1, tensorflow=False)
+    left = pool.submit(leave_a_temp_file).result(timeout=120)
+    assert Path(left).exists() and Path(left).parent == Path(pool.labkit_tmp)
+    workerpool.kill_pool(pool)
+    assert not Path(pool.labkit_tmp).exists() and list(tmp_path.iterdir()) == []
