@@ -143,3 +143,13 @@ def test_a_misquoted_horovod_default_is_caught():
     assert misquoted_horovod_defaults("Horovod wakes every HOROVOD_CYCLE_TIME (5 ms by default).", defaults)
     assert not misquoted_horovod_defaults("Its fusion buffer holds 128 MiB; its documentation still says 64 MB. "
                                           "It wakes every HOROVOD_CYCLE_TIME (1 ms by default).", defaults)
+
+
+def test_the_readme_counts_the_exercises_the_notebooks_hold():
+    import nbformat
+
+    from labkit.exercises import build
+    held = sum(len(build.exercises(nbformat.read(str(p), as_version=4), p.stem)) for p in NOTEBOOKS
+               if p.stem[:2] in ("01", "02", "03", "04", "05", "06"))
+    said = re.search(r"Notebooks 01-06 hold (\d+) exercises", (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert said and int(said.group(1)) == held, (said and said.group(0), held)
