@@ -20,7 +20,8 @@ from labkit.base.checks import check_int, check_number
 
 MiB = 2**20
 # Horovod 0.28.1's tensor-fusion buffer when HOROVOD_FUSION_THRESHOLD is unset: 128 * 1024 * 1024 bytes, set in
-# BackgroundThreadLoop (horovod/common/operations.cc); its documentation's Tensor Fusion page still says 64 MB
+# BackgroundThreadLoop (horovod/common/operations.cc); its docs/tensor-fusion.rst and `horovodrun --help` say 128 MB
+# too (since v0.24.0)
 FUSION_THRESHOLD = 128 * MiB
 
 

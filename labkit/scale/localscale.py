@@ -29,7 +29,8 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     labkit.scale.plans.scaling_workers() (log-spaced, fitted to the cores, memory and load, at least 1 and 2).
     run_kw: scaling.run_paired's (model, batch_size, steps, ...). Returns (table, horovod, no_sync): one row per
     worker count with GFLOP/s, images/s, speedup and efficiency of the three, and the two scaling.run_paired
-    DataFrames.
+    DataFrames. Both training curves divide by ONE run, named in table.attrs["baseline"]: one worker without the
+    exchange (its launch's mean images/s), so that the curves and every ratio printed from them agree.
     """
     import pandas as pd
 
@@ -53,6 +54,9 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
                   f"{hvd[-1]['images_per_sec'].iloc[0]:,.0f} with Horovod", flush=True)
     free = scaling.efficiency(pd.concat(free, ignore_index=True))
     hvd = scaling.efficiency(pd.concat(hvd, ignore_index=True))
+    base = float(free.loc[free["np"] == 1, "images_per_sec"].iloc[0])  # the one baseline of both curves
+    hvd["speedup"] = hvd["images_per_sec"] / base
+    hvd["efficiency"] = hvd["speedup"] / hvd["np"]
     table = pd.DataFrame({
         "workers": workers,
         "gemm_gflops": [gemm[n]["gflops_total"] for n in workers],
@@ -66,7 +70,27 @@ def decompose(workers=None, *, probe_seconds=2.0, progress=True, **run_kw):
     })
     # against the machine's own limit: how much of what the chip allows the training reaches
     table["horovod_vs_machine"] = table["horovod_efficiency"] / table["gemm_efficiency"]
+    table.attrs["baseline"] = f"1 worker without the exchange, {base:,.0f} images/s (mean of its launch)"
     return table, hvd, free
+
+
+def above_bound(table, cores: int) -> str | None:
+    """One line naming each training speed-up of decompose's table above its physical bound (the worker count,
+    the cores, the GEMM probe's own speed-up at that count), else None: a noisy baseline, not a faster chip.
+    (04_horovod_scaling)"""
+    check_int(cores, "cores", minimum=1)
+    over = []
+    for row in table.itertuples():
+        bound = min(row.workers, cores, row.gemm_speedup) if row.workers > 1 else row.workers
+        for name in ("no_sync", "horovod"):
+            speedup = getattr(row, f"{name}_speedup")
+            if speedup > bound * 1.0001:  # rounding aside
+                what = "without the exchange" if name == "no_sync" else "with Horovod"
+                over.append(f"{speedup:.2f}x {what} at {row.workers} workers, above the bound {bound:.2f}x")
+    if not over:
+        return None
+    return ("above what this machine allows (workers, cores, the GEMM probe): " + "; ".join(over)
+            + ": the one-worker baseline was slowed by other programs; rerun on a quieter machine")
 
 
 def plot_decomposition(table, ax=None, title=None):
@@ -174,7 +198,8 @@ def _controller_row(label, launcher, env, seen) -> dict:
 
 
 def open_mpi_version() -> str:
-    """'Open MPI 5.0.11' from the `mpirun --version` of the MPI Horovod links (labkit.scale.mpi), '' where there is none."""
+    """'Open MPI 5.0.11' from the `mpirun --version` of the MPI Horovod links (labkit.scale.mpi), '' where there
+    is none."""
     from labkit.scale import mpi
     exe = mpi.mpirun_path()
     return mpi.version(exe) if exe else ""

@@ -46,6 +46,31 @@ def test_decompose_takes_the_three_curves_apart(monkeypatch):
     assert bool(row.in_sync) and not free.set_index("np").loc[2, "in_sync"]
 
 
+def test_both_curves_divide_by_one_baseline_the_worker_without_exchange(monkeypatch):
+    """A 1-worker launch with Horovod 1 ms slower than without: both curves still divide by the one without."""
+    monkeypatch.setattr(scaling, "run", no_separate_launch)
+    monkeypatch.setattr(scaling, "run_paired", fake_paired(
+        fake_run(lambda n, sync, b: (10 if n == 1 else 12) + (1 if sync else 0) + (4 if sync and n > 1 else 0))))
+    monkeypatch.setattr(probe, "gemm_probe", lambda n, seconds, base=None: {
+        "gflops_total": 100.0 * n, "speedup": float(n), "efficiency": 1.0})
+    table, hvd, free = localscale.decompose([2], steps=3)
+    one, two = table.set_index("workers").loc[1], table.set_index("workers").loc[2]
+    assert two.horovod_speedup == pytest.approx(2 * 10 / 17) and two.horovod_efficiency == pytest.approx(10 / 17)
+    assert one.horovod_speedup == pytest.approx(10 / 11)  # the exchange's cost at one worker shows, not hidden
+    assert two.horovod_speedup == pytest.approx(hvd.set_index("np").loc[2, "speedup"])  # one number, printed twice
+    assert "1 worker without the exchange" in table.attrs["baseline"]
+
+
+def test_above_bound_names_a_superlinear_speedup():
+    table = pd.DataFrame({"workers": [1, 2], "gemm_speedup": [1.0, 1.92], "no_sync_speedup": [1.0, 1.75],
+                          "horovod_speedup": [1.0, 2.15]})
+    line = localscale.above_bound(table, cores=2)
+    assert "2.15x with Horovod at 2 workers, above the bound 1.92x" in line and "\n" not in line
+    assert "without the exchange" not in line
+    assert localscale.above_bound(table.assign(horovod_speedup=[1.0, 1.6]), cores=2) is None
+    assert "above the bound 1.00x" in localscale.above_bound(table.assign(gemm_speedup=[1.0, 2.0]), cores=1)
+
+
 @pytest.mark.parametrize("call, word", [
     (lambda: localscale.decompose([0]), "workers"),
     (lambda: localscale.decompose([2], threads=2), "threads"),
