@@ -82,7 +82,7 @@ def _run_as(python, user, course, home, notebook):
     paths = [str(course)] + ([] if python == sys.executable else site.getsitepackages())  # the environment's packages
     env = {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LABKIT_PROFILE": "quick",
            "PYTHONPATH": os.pathsep.join(paths), "LANG": "C.UTF-8"}
-    cmd = [python, "-m", "jupyter", "nbconvert", "--execute", "--to", "notebook",
+    cmd = [python, "-m", "nbconvert", "--execute", "--to", "notebook",
            "--output-dir", str(home / "out"), "--ExecutePreprocessor.kernel_name=python3",
            "--ExecutePreprocessor.timeout=600", str(course / "notebooks" / f"{notebook}.ipynb")]
     if os.geteuid() == 0:
