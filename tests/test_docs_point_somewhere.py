@@ -1,5 +1,5 @@
 """Every file a docstring or comment in labkit/, scripts/ or tests/ names exists in the repository: a mention
-such as "labkit/tfdist_train.py" (a path two moves old) sends a reader nowhere."""
+naming a module at a path it left two moves ago sends a reader nowhere."""
 from __future__ import annotations
 
 import ast

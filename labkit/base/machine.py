@@ -518,3 +518,13 @@ def refuse_more_than_cores(count: int, flag: str, what: str, wait: str) -> None:
         raise ValueError(f"{flag} {count} starts more {what} than this machine has cores ({have}); each would get a "
                          f"slice of a core and {wait}. Use {flag} up to {have}, or pass --oversubscribe to run it "
                          "anyway")
+
+
+def namespaces_problem() -> str | None:
+    """None when this process can make Linux network namespaces (root on Linux: the deep dive's virtual cluster),
+    else what is missing, in a few words. (07_scaling_deep_dive)"""
+    if sys.platform != "linux":
+        return f"Linux network namespaces; this is {sys.platform}"
+    if os.geteuid() != 0:
+        return "root (network namespaces, tc and the daemons)"
+    return None

@@ -123,7 +123,7 @@ def one_core(what: str, still: str, cores: int | None = None) -> None:
     cores = machine.cores() if cores is None else cores
     if cores > 1:
         return
-    from labkit.deepdive import vcluster
-    cluster = ", or on the virtual cluster of the deep dive (2-4 nodes)" if vcluster.why_not() is None else ""
+    # the deep dive's virtual cluster needs root and Linux's network namespaces: no advice where it cannot run
+    cluster = ", or on the virtual cluster of the deep dive (2-4 nodes)" if machine.namespaces_problem() is None else ""
     print(f"This machine gives this notebook 1 core: {what}. What still holds here: {still}. For the speed-up "
           f"itself, run this notebook on a machine with 2 or more cores{cluster}.")

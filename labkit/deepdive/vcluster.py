@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from labkit.base import resultsfile
+from labkit.base import machine, resultsfile
 from labkit.scale import launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,10 +63,9 @@ def delay_s(delay: str) -> float:
 
 def why_not() -> str | None:
     """None when this machine can build the virtual cluster, else the reason in one line."""
-    if sys.platform != "linux":
-        return f"the virtual cluster needs Linux network namespaces; this is {sys.platform}"
-    if os.geteuid() != 0:
-        return "the virtual cluster needs root (network namespaces, tc and the daemons)"
+    problem = machine.namespaces_problem()
+    if problem:
+        return f"the virtual cluster needs {problem}"
     path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     missing = [c for c in ("ip", "tc", "nsenter", "sshd", "munged", "slurmctld", "slurmd")
                if shutil.which(c, path=path) is None]
@@ -182,7 +181,8 @@ def tfdist_run(np_: int = 2, model="convblock_net", batch_size=4, steps=12, port
         raise RuntimeError(f"need a virtual cluster of {np_} nodes: scripts/vcluster.sh up --nodes {np_}")
     before, t0 = link_bytes(), time.perf_counter()
     workers_out = tfdist_train.run_workers(
-        [f"{PREFIX}{i + 1}:{port}" for i in range(np_)], wrap=lambda i: ["bash", str(SCRIPT), "exec", f"{PREFIX}{i + 1}"],
+        [f"{PREFIX}{i + 1}:{port}" for i in range(np_)],
+        wrap=lambda i: ["bash", str(SCRIPT), "exec", f"{PREFIX}{i + 1}"],
         model=model, batch_size=batch_size, steps=steps, timeout=timeout)
     wall, after = time.perf_counter() - t0, link_bytes()
     moved = {k: {d: after[k][d] - before.get(k, {}).get(d, 0) for d in ("rx", "tx")} for k in after}
@@ -262,8 +262,8 @@ def run_setting(link: str, model="convblock_net", batch_size=4, steps=3, repeats
                         "--calib-repeats", calib_repeats],
                   module="labkit.deepdive.linkbench", env_extra=env_extra)
     res = summarize(run["ranks"], np_)
-    res.update(link=link, rate=rate, rate_bits=rate_bits(rate), delay_s=delay_s(delay), link_bytes=run["link_bytes"], wall_s=run["wall_s"],
-               load_average=os.getloadavg()[0], env=dict(env_extra or {}))
+    res.update(link=link, rate=rate, rate_bits=rate_bits(rate), delay_s=delay_s(delay), link_bytes=run["link_bytes"],
+               wall_s=run["wall_s"], load_average=os.getloadavg()[0], env=dict(env_extra or {}))
     res["ratio"] = res["steps"]["sync"]["median_s"] / res["predicted"]["sync_s"]
     return res
 
@@ -364,8 +364,8 @@ def parser(prog: str, description: str):
 
 
 def run_cli(name: str, args, nodes: int, experiment, out: Path, table_of, check=None) -> int:
-    """Check the arguments (plus `check()`, raising ValueError; --model as the ranks will build it), start a cluster of `nodes` if none is up,
-    run `experiment(rates)`, write its results to `out` and print `table_of(results)`."""
+    """Check the arguments (plus `check()`, raising ValueError; --model as the ranks will build it), start a cluster
+    of `nodes` if none is up, run `experiment(rates)`, write its results to `out` and print `table_of(results)`."""
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     try:
         for r in rates:

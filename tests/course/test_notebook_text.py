@@ -88,7 +88,7 @@ def test_the_rules_catch_what_they_name(tmp_path):
 
 def horovod_defaults() -> dict:
     """{'fusion_threshold_mb': 128, 'cycle_time_ms': 1.0} as the installed horovodrun's help states them (its
-    MB are 1024 x 1024 bytes: horovod/runner/common/util/config_parser.py multiplies by 1024 * 1024)."""
+    MB are 1024 x 1024 bytes: Horovod's runner config parser multiplies by 1024 * 1024)."""
     import importlib.util
     spec = importlib.util.find_spec("horovod.runner.launch")
     if spec is None or not spec.origin:
