@@ -7,9 +7,10 @@ against the same ranks without the exchange, once per round (issue 29's "0.9 of 
 Each round is one scaling.run_paired([1, 2]): per worker count one launch whose ranks time the synced steps and
 the same steps without the exchange in alternating blocks, so launch-to-launch differences (core placement,
 clock) stay out of the ratio. --separate instead runs scaling.run([1, 2]) with the exchange and with --no-sync
-as launches of their own, in alternating order (ABBA), as before. Each round prints both weak-scaling efficiencies and their ratio (with / without), the number the goal is stated in, the same
-ratio from the fastest tenth of steps (p10: less sensitive to other processes), the np=2 images/s of both,
-the configuration, the launcher the default chose, and the load average before and after.
+as launches of their own, in alternating order (ABBA), as before. Each round prints both weak-scaling
+efficiencies and their ratio (with / without), the number the goal is stated in, the same ratio from the fastest
+tenth of steps (p10: less sensitive to other processes), the np=2 images/s of both, the configuration, the
+launcher the default chose, and the load average before and after.
 """
 import argparse
 import os
@@ -54,13 +55,16 @@ def main(argv=None) -> int:
         ips = {sync: float(df.loc[df["np"] == top, "images_per_sec"].iloc[0]) for sync, df in runs.items()}
         # the same from each run's fastest tenth of steps: what a shared machine's quiet moments allow
         p10 = {sync: float(df.loc[df["np"] == top, "p10_efficiency"].iloc[0]) for sync, df in runs.items()}
-        row = {"round": r + 1, "mode": "separate" if a.separate else "paired", "efficiency": eff[True], "no_sync_efficiency": eff[False],
-               "ratio": eff[True] / eff[False], "p10_ratio": p10[True] / p10[False], "images_per_sec": ips[True], "no_sync_images_per_sec": ips[False],
+        row = {"round": r + 1, "mode": "separate" if a.separate else "paired",
+               "efficiency": eff[True], "no_sync_efficiency": eff[False],
+               "ratio": eff[True] / eff[False], "p10_ratio": p10[True] / p10[False],
+               "images_per_sec": ips[True], "no_sync_images_per_sec": ips[False],
                "in_sync": bool(runs[True]["in_sync"].all()), "controller": runs[True]["controller"].iloc[-1],
                "tuning": runs[True]["tuning"].iloc[-1], "load_before": before, "load_after": after}
         rounds.append(row)
         print(f"round {r + 1}: np={top} efficiency {eff[True]:.3f} with the exchange ({row['controller']}), "
-              f"{eff[False]:.3f} without: ratio {row['ratio']:.3f} (uncontended steps: {row['p10_ratio']:.3f}); images/s {ips[True]:,.0f} vs {ips[False]:,.0f} "
+              f"{eff[False]:.3f} without: ratio {row['ratio']:.3f} (uncontended steps: {row['p10_ratio']:.3f}); "
+              f"images/s {ips[True]:,.0f} vs {ips[False]:,.0f} "
               f"({ips[True] / ips[False]:.3f}); checksums {'equal' if row['in_sync'] else 'DIFFER'}; "
               f"load {before} -> {after}", flush=True)
     ratios = [r["ratio"] for r in rounds]

@@ -126,16 +126,19 @@ def cases():
                                               .ring_allreduce_time(1e6, 4, alpha=-1, beta=1e-9), "alpha")),
         ("fit_alpha_beta(zero times)", _fn(lambda: _import("labkit.scale.allreduce", "labkit.scale.scaling")
                                            .fit_alpha_beta([1e3, 1e6, 1e7], [0.0, 0.0, 0.0], p=2), "times")),
-        ("matlab_param_count(filters=-5)", _fn(lambda: _import("labkit.sweep.networks", "labkit.sweep").matlab_param_count(
-            {"filters": -5, "filter_size": 3, "pool_size": 2}), "filters")),
+        ("matlab_param_count(filters=-5)", _fn(
+            lambda: _import("labkit.sweep.networks", "labkit.sweep").matlab_param_count(
+                {"filters": -5, "filter_size": 3, "pool_size": 2}), "filters")),
         ("NetworkTrainer(epochs=0)", _fn(trainer0, "epochs")),
         ("conv2d_im2col N=0", _fn(conv((0, 8, 8, 3), (3, 3, 3, 4)), "N")),
         ("conv2d_im2col C=0", _fn(conv((1, 8, 8, 0), (3, 3, 0, 4)), "C")),
         ("conv2d_im2col C_out=0", _fn(conv((1, 8, 8, 3), (3, 3, 3, 0)), "C_out")),
-        ("allreduce.predict(batch_per_gpu=0)", _fn(lambda: _import("labkit.scale.allreduce", "labkit.scale.scaling").predict(
-            (1, 2, 4), batch_per_gpu=0), "batch_per_gpu")),
+        ("allreduce.predict(batch_per_gpu=0)", _fn(
+            lambda: _import("labkit.scale.allreduce", "labkit.scale.scaling").predict(
+                (1, 2, 4), batch_per_gpu=0), "batch_per_gpu")),
         ("training.predict(batch_size=0)", _fn(predict0, "batch_size")),
-        ("take_slots(['a:x'])", _fn(lambda: _import("labkit.scale.launch", "labkit.scale.scaling").take_slots(["a:x"], 1), "a:x")),
+        ("take_slots(['a:x'])", _fn(
+            lambda: _import("labkit.scale.launch", "labkit.scale.scaling").take_slots(["a:x"], 1), "a:x")),
         ("models.get(input_shape=(4,4,3))", _fn(lambda: __import__("labkit.models", fromlist=["get"]).get(
             "resnet50", input_shape=(4, 4, 3)), "input_shape")),
     ]

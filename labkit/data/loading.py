@@ -6,8 +6,8 @@ for compute nodes without internet.
 
 When CIFAR-10 is not there, `load_dataset()` falls back to a synthetic set generated on the fly: 10 classes of
 32x32x3 shapes and textures in random colours, positions and sizes, on noisy backgrounds with clutter (a blob,
-thin lines). The network of the MATLAB cloud white paper reaches ~50% on it in the quick profile; it is learnable, not trivial.
-(01_cnn_basics)
+thin lines). The network of the MATLAB cloud white paper reaches ~50% on it in the quick profile; it is learnable,
+not trivial. (01_cnn_basics)
 """
 from __future__ import annotations
 
@@ -187,7 +187,8 @@ def load_dataset(name=None, *, n_train=None, n_test=None, data_dir=None, seed=0,
 
 
 def augment_batch(x, seed):
-    """The augmentation of MATLAB's cloud-training example on a batch of NHWC images: random horizontal flip and +-4 px translation.
+    """The augmentation of MATLAB's cloud-training example on a batch of NHWC images: random horizontal flip and
+    +-4 px translation.
 
     seed: an int or a shape-[2] int tensor; the same seed gives the same augmentation (stateless ops).
     Translation pads 4 pixels of zeros (the mean colour after normalisation) and crops a random 32x32 window.

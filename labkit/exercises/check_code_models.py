@@ -148,7 +148,8 @@ def _ratio(moved, step):
 
 
 def _rates(model, ratios, frozen, what):
-    """The first wrong learning rate (a trainable base layer off factor 1, the head off the paper's factors), or None."""
+    """The first wrong learning rate (a trainable base layer off factor 1, the head off the paper's factors), or
+    None."""
     from labkit import transfer
 
     head, factors = transfer.HEAD, transfer.HEAD_LR_FACTORS

@@ -182,7 +182,8 @@ def course(paths=None) -> list[Minutes]:
         row.cell_estimate_s = estimate
     stale = sorted(set(exercises.MINUTES) - {n for row in rows for n in row.exercise_numbers})
     if stale and {Path(p).resolve() for p in paths} == {p.resolve() for p in exercises.course_notebooks()}:
-        raise exercises.ExerciseFormatError(f"labkit.exercises.build.MINUTES lists exercises no notebook has: {', '.join(stale)}")
+        raise exercises.ExerciseFormatError(
+            f"labkit.exercises.build.MINUTES lists exercises no notebook has: {', '.join(stale)}")
     return rows
 
 
@@ -292,8 +293,9 @@ def report(rows: list[Minutes]) -> str:
 
 # --- docs/instructors.md -------------------------------------------------------------------------------------
 def _markers(name: str) -> tuple[str, str]:
-    return (f"<!-- {name}: written by `python -m labkit.exercises.schedule --write-doc`; edit labkit/exercises/schedule.py or "
-            "labkit.exercises.build.MINUTES, not this block -->", f"<!-- /{name} -->")
+    return (f"<!-- {name}: written by `python -m labkit.exercises.schedule --write-doc`; "
+            "edit labkit/exercises/schedule.py or labkit.exercises.build.MINUTES, not this block -->",
+            f"<!-- /{name} -->")
 
 
 def blocks(rows: list[Minutes]) -> dict:

@@ -7,8 +7,9 @@ MATLAB white paper "Deep Learning in the Cloud with MATLAB R2016b" (Moulder et a
   -> conv(k, 2F, same) -> ReLU -> maxpool(p, stride 2) -> dense(10) -> softmax
   F in {20, 32}, k in {5, 3}, p in {3, 2}, extra in {no, yes}: 16 networks (SWEEP_GRID).
   MATLAB pools without padding, so a 3x3/2 pool maps 32 -> 15 -> 7 and a 2x2/2 pool 32 -> 16 -> 8.
-MATLAB example "Train Network in the Cloud Using Automatic Parallel Support" (0.8938 test accuracy): 4 x (3x3 conv, batch norm, ReLU) at widths 32 / 64 / 128,
-  2x2 max pools between the blocks, an 8x8 average pool, dense(10), softmax.
+MATLAB example "Train Network in the Cloud Using Automatic Parallel Support" (0.8938 test accuracy):
+  4 x (3x3 conv, batch norm, ReLU) at widths 32 / 64 / 128, 2x2 max pools between the blocks, an 8x8 average pool,
+  dense(10), softmax.
 
 Every model ends in a softmax (MATLAB's softmaxLayer), so losses take probabilities, not logits.
 (01_cnn_basics, 05_network_sweep)
@@ -152,7 +153,8 @@ def count_params(weights) -> int:
 
 
 def memory_footprint(model) -> int:
-    """Memory footprint as the MATLAB cloud white paper counts it: 4 bytes (single precision) x learnable parameters, in bytes."""
+    """Memory footprint as the MATLAB cloud white paper counts it: 4 bytes (single precision) x learnable parameters,
+    in bytes."""
     return 4 * count_params(model.trainable_weights)
 
 

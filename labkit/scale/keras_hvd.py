@@ -1,4 +1,5 @@
-"""labkit/scale/keras_single.py made data-parallel with Horovod's Keras API: every rank runs this file (04_horovod_scaling).
+"""labkit/scale/keras_single.py made data-parallel with Horovod's Keras API: every rank runs this file
+(04_horovod_scaling).
 
     horovodrun -np 2 -H localhost:2 --gloo python -m labkit.scale.keras_hvd --epochs 1 --steps 20 --batch-size 64
 

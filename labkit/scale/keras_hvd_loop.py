@@ -1,4 +1,5 @@
-"""labkit/scale/keras_hvd.py's training as a custom loop: tf.GradientTape -> hvd.DistributedGradientTape (04_horovod_scaling).
+"""labkit/scale/keras_hvd.py's training as a custom loop: tf.GradientTape -> hvd.DistributedGradientTape
+(04_horovod_scaling).
 
     horovodrun -np 2 -H localhost:2 --gloo python -m labkit.scale.keras_hvd_loop --epochs 1 --steps 20 --batch-size 64
 

@@ -1,8 +1,8 @@
 """One worker, no Horovod: how batch size moves throughput, and how the LR must follow it (04_horovod_scaling).
 
 throughput_vs_batch: training images/s of one process for each batch size (the Chameleon slides' table, on
-this CPU). lr_scaling_curves: validation accuracy against epochs and time for a small batch, a k-times larger batch at the
-same LR, with the LR scaled k times (Goyal et al. 2017's linear rule) and with gradual warmup. The k*b batch
+this CPU). lr_scaling_curves: validation accuracy against epochs and time for a small batch, a k-times larger batch
+at the same LR, with the LR scaled k times (Goyal et al. 2017's linear rule) and with gradual warmup. The k*b batch
 is what k workers of b would average, computed at once in one process. (04_horovod_scaling)
 """
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Transfer learning offline: per-layer learning-rate factors for Keras 2.15, freezing, the MATLAB multi-GPU white paper's recipe.
+"""Transfer learning offline: per-layer learning-rate factors for Keras 2.15, freezing, the MATLAB multi-GPU white
+paper's recipe.
 
-The MATLAB multi-GPU white paper keeps all but AlexNet's last three layers, adds a new fully connected layer with 10x weight and
-20x bias learning-rate factors, and trains with a lower learning rate for fewer epochs. Keras 2.15 has no
+The MATLAB multi-GPU white paper keeps all but AlexNet's last three layers, adds a new fully connected layer with
+10x weight and 20x bias learning-rate factors, and trains with a lower learning rate for fewer epochs. Keras 2.15 has no
 per-layer learning rates; FactorSGD scales each variable's gradient before the update, which for SGD (with
 or without momentum) is exactly a per-variable learning rate: every step is linear in the gradient.
 
@@ -113,7 +114,8 @@ class FactorSGD(tf.keras.optimizers.SGD):
 
 
 def sgd_with_lr_factors(model, factors: dict, learning_rate=0.01, momentum=0.9, **kwargs) -> FactorSGD:
-    """FactorSGD for `model` from per-layer factors: {"new_fc": {"kernel": 10, "bias": 20}} (the MATLAB multi-GPU white paper)."""
+    """FactorSGD for `model` from per-layer factors: {"new_fc": {"kernel": 10, "bias": 20}} (the MATLAB multi-GPU
+    white paper)."""
     return FactorSGD(variable_factors(model, factors), learning_rate=learning_rate, momentum=momentum, **kwargs)
 
 
@@ -160,7 +162,8 @@ def param_counts(model) -> dict:
 
 
 def feature_extractor(model):
-    """The model without its classifier: input -> the input of the last Dense layer (the MATLAB multi-GPU white paper's 'end-3')."""
+    """The model without its classifier: input -> the input of the last Dense layer (the MATLAB multi-GPU white
+    paper's 'end-3')."""
     layer = model.layers[-1]
     while isinstance(layer, (tf.keras.layers.Activation, tf.keras.layers.Softmax, tf.keras.layers.Dropout)):
         layer = layer._inbound_nodes[0].inbound_layers
@@ -242,7 +245,8 @@ def fit(model, optimizer, x, y, x_test, y_test, *, epochs: int, batch_size: int 
 def pretrain(x, y, *, build=None, epochs: int = 2, lr: float = 0.01, batch_size: int = 100, seed: int = 0):
     """Train the base network on the source classes (what ImageNet pretraining is in the paper).
 
-    build: a function classes -> Keras model; default the MATLAB cloud white paper's network with 32 first-layer filters.
+    build: a function classes -> Keras model; default the MATLAB cloud white paper's network with 32 first-layer
+    filters.
     Returns (model, seconds).
     """
     from labkit.models.cifar import sweep_net

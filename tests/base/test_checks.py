@@ -50,5 +50,6 @@ def test_check_number_refuses_in_one_line(value, kw, message):
 def test_check_ints_names_the_first_bad_value():
     assert check_ints((1, np.int64(2)), "workers", minimum=1) == [1, 2]
     for bad, shown in [([], "an empty list"), ([1, 0, 2], "0 in [1, 0, 2]"), ("12", "'12'"), (3, "3")]:
-        with pytest.raises(ValueError, match="workers must be a non-empty list of ints >= 1; got " + shown.replace("[", r"\[").replace("]", r"\]")):
+        with pytest.raises(ValueError, match="workers must be a non-empty list of ints >= 1; got "
+                           + shown.replace("[", r"\[").replace("]", r"\]")):
             check_ints(bad, "workers", minimum=1)

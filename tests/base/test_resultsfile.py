@@ -130,7 +130,8 @@ def test_kill_9_during_a_write_keeps_the_previous_file(tmp_path):
 
 # ================================================================ every writer in labkit/ and scripts/
 # A write that does not go through labkit.base.resultsfile. Each exemption says why it is not a file anyone keeps.
-_FORBIDDEN = re.compile(r"""\bopen\(.*,\s*(?:mode\s*=\s*)?["'](?:w|a|x|r\+|w\+|a\+)b?["']|(?<!resultsfile)\.write_(?:text|bytes)\(|"""
+_FORBIDDEN = re.compile(r"""\bopen\(.*,\s*(?:mode\s*=\s*)?["'](?:w|a|x|r\+|w\+|a\+)b?["']|"""
+                        r"""(?<!resultsfile)\.write_(?:text|bytes)\(|"""
                         r"""json\.dump\(|pickle\.dump\(|nbformat\.write\(|\.to_csv\(|\.to_parquet\(|\.savefig\(|"""
                         r"""save_weights\(|\.save\(|np\.save|\.touch\(|shutil\.copy|fdopen\(|"""
                         r"""os\.open\([^)]*O_(?:WRONLY|RDWR|CREAT|TRUNC|APPEND)|tofile\(""")

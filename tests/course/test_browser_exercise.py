@@ -28,7 +28,8 @@ def learner_notebook(folder: Path) -> str:
     ex = next(e for e in exercises.exercises(source) if e.title.startswith(TITLE))
     built = exercises.learner_edition(source)
     nb = nbformat.v4.new_notebook(metadata=source.metadata)
-    nb.cells = [nbformat.v4.new_code_cell("from labkit.exercises import check"), built.cells[ex.cell], built.cells[ex.cell + 1]]
+    nb.cells = [nbformat.v4.new_code_cell("from labkit.exercises import check"), built.cells[ex.cell],
+                built.cells[ex.cell + 1]]
     folder.mkdir()
     nbformat.write(nb, str(folder / "exercise.ipynb"))
     return f"{folder.relative_to(ROOT)}/exercise.ipynb"

@@ -111,7 +111,8 @@ def test_pip_resolves_the_pins_for_the_platform(platform, tmp_path):
     wanted += tensorflow_for(marker_env, "openmpi")
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
-         "--only-binary=:all:", *[a for t in tags.split(",") for a in ("--platform", t)], "--python-version", "3.11", "--target", str(tmp_path / "t"),
+         "--only-binary=:all:", *[a for t in tags.split(",") for a in ("--platform", t)], "--python-version", "3.11",
+         "--target", str(tmp_path / "t"),
          "--report", str(tmp_path / "report.json"), "--quiet", *wanted],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,5 @@
-"""labkit.data and labkit.data.cifar10: the CIFAR-10 loader on a fixture in CIFAR-10's own format, checksums, the synthetic set, the
-tf.data pipeline (shapes, normalisation, shuffling, sharding, augmentation) and `labkit data`."""
+"""labkit.data and labkit.data.cifar10: the CIFAR-10 loader on a fixture in CIFAR-10's own format, checksums, the
+synthetic set, the tf.data pipeline (shapes, normalisation, shuffling, sharding, augmentation) and `labkit data`."""
 from __future__ import annotations
 
 import hashlib
@@ -424,7 +424,8 @@ def test_planted_pickle_is_refused_by_the_unpickler_even_with_a_matching_checksu
     marker = isolated / "pwned"
     _plant(folder, marker)
     # the planted file's own MD5 in the table (trust() would unpickle it, so not trust())
-    table = dict(cifar10.CIFAR10_FILES, data_batch_1=(hashlib.md5((folder / "data_batch_1").read_bytes()).hexdigest(), 1))
+    table = dict(cifar10.CIFAR10_FILES,
+                 data_batch_1=(hashlib.md5((folder / "data_batch_1").read_bytes()).hexdigest(), 1))
     monkeypatch.setattr(cifar10, "CIFAR10_FILES", table)
     with pytest.raises(data.CorruptDataError) as err:
         cifar10._load_batch(folder / "data_batch_1")

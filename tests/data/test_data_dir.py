@@ -47,7 +47,8 @@ def test_doctor_reports_a_labkit_data_that_is_a_file(data_is_a_file):
 def test_sweep_and_scale_name_the_bad_setting_not_a_missing_data_set(data_is_a_file, tmp_path):
     from labkit.scale import scaling
     from labkit.sweep import networks as netsweep
-    for check in (lambda: scaling.data_note("auto"), netsweep.dataset_choice, lambda: netsweep.NetworkTrainer().settings()):
+    for check in (lambda: scaling.data_note("auto"), netsweep.dataset_choice,
+                  lambda: netsweep.NetworkTrainer().settings()):
         with pytest.raises(ValueError, match=f"LABKIT_DATA={data_is_a_file} is not a folder"):
             check()
     env = {"LABKIT_DATA": str(data_is_a_file), "HOME": str(tmp_path / "home")}

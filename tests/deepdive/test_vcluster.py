@@ -105,7 +105,8 @@ def test_an_unknown_model_is_refused_before_the_cluster_comes_up(module, monkeyp
 
 
 def test_modules_import_without_tensorflow():
-    code = "import sys, labkit.deepdive.vcluster, labkit.deepdive.nodescale, labkit.deepdive.timeline; print('tensorflow' in sys.modules)"
+    code = ("import sys, labkit.deepdive.vcluster, labkit.deepdive.nodescale, labkit.deepdive.timeline; "
+            "print('tensorflow' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == "False", res
 
@@ -141,7 +142,8 @@ def test_by_nodes_predicts_more_nodes_from_the_fewest_nodes_fit(monkeypatch):
     with pytest.raises(RuntimeError, match="need a virtual cluster of 4 nodes"):
         nodescale.by_nodes((2, 4), rates=("50mbit",))
     for bad in ((1, 2), (2, "3"), (2,)):
-        with pytest.raises(ValueError, match="^nodes must be (two or more node counts|a non-empty list of ints) >= 2; got "):
+        with pytest.raises(ValueError,
+                           match="^nodes must be (two or more node counts|a non-empty list of ints) >= 2; got "):
             nodescale.by_nodes(bad)
 
 
@@ -175,7 +177,7 @@ def test_timeline_phases_from_a_hand_made_trace(tmp_path):
     from labkit.deepdive import timeline
     ev = [{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "grad/conv1"}},
           {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "grad/fc"}}]
-    for step, base in enumerate((1000, 5000)):  # microseconds
+    for base in (1000, 5000):  # microseconds
         ev += [{"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "ts": base, "pid": 1},
                {"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "ts": base + 200, "pid": 2},
                {"ph": "E", "ts": base + 1000, "pid": 1}, {"ph": "E", "ts": base + 1000, "pid": 2},
@@ -332,14 +334,16 @@ if sys.argv[1] == "serve":
 else:
     s.settimeout(5); rtts = []
     for _ in range(15):
-        t = time.perf_counter(); s.sendto(b"x", (sys.argv[2], 9999)); s.recvfrom(100); rtts.append(time.perf_counter() - t)
+        t = time.perf_counter(); s.sendto(b"x", (sys.argv[2], 9999)); s.recvfrom(100)
+        rtts.append(time.perf_counter() - t)
     s.sendto(b"end", (sys.argv[2], 9999)); print(min(rtts))
 """
 
 
 def _udp_rtt(src: str, dst_node: str, dst_ip: str) -> float:
     env = dict(os.environ, PATH=SBIN_PATH)
-    server = subprocess.Popen(["ip", "netns", "exec", dst_node, sys.executable, "-c", UDP_ECHO, "serve", dst_ip], env=env)
+    server = subprocess.Popen(["ip", "netns", "exec", dst_node, sys.executable, "-c", UDP_ECHO, "serve", dst_ip],
+                              env=env)
     try:
         time.sleep(1.0)
         out = subprocess.run(["ip", "netns", "exec", src, sys.executable, "-c", UDP_ECHO, "ask", dst_ip],

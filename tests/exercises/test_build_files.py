@@ -127,7 +127,7 @@ def test_the_manifest_agrees_with_every_notebook_whatever_write_fails(tmp_path, 
     for fail_at in range(1, 8):  # the n-th write of the build fails (notebooks and manifests alike)
         calls = {"n": 0}
 
-        def failing(*a, **k):
+        def failing(*a, calls=calls, fail_at=fail_at, **k):
             calls["n"] += 1
             if calls["n"] == fail_at:
                 raise OSError(errno.ENOSPC, "No space left on device")

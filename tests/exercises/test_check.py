@@ -128,11 +128,12 @@ def cases():
         ("memory_footprint", cfg, 4 * matlab_param_count(cfg), {
             "params": matlab_param_count(cfg), "no_bias": 4 * weights_only, "bits": 32 * matlab_param_count(cfg)}),
         # the oracle: j beats i when the front of the pair (i, j) is j alone (the brute force _front above)
-        ("beaten_by", dict(points=pts, index=3), [j for j in range(len(pts)) if j != 3 and _front([pts[3], pts[j]]) == [1]],
+        ("beaten_by", dict(points=pts, index=3),
+         [j for j in range(len(pts)) if j != 3 and _front([pts[3], pts[j]]) == [1]],
          {"memory_only": [j for j in range(len(pts)) if j != 3 and pts[j][0] <= pts[3][0]],
           "accuracy_only": [j for j in range(len(pts)) if j != 3 and pts[j][1] >= pts[3][1]]}),
-        ("beaten_by", dict(points=pts, index=5), [j for j in range(len(pts)) if j != 5 and _front([pts[5], pts[j]]) == [1]],
-         {}),
+        ("beaten_by", dict(points=pts, index=5),
+         [j for j in range(len(pts)) if j != 5 and _front([pts[5], pts[j]]) == [1]], {}),
         ("pareto_front", dict(points=pts), _front(pts), {
             "out_of_range": [0, 1, 6], "maximised_memory": _front([(-m_, a) for m_, a in pts]),
             "extra_or_missing": [0, 1, 2, 5, 4]}),

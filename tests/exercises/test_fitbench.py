@@ -1,5 +1,6 @@
-"""labkit.exercises.fitbench: the fit-side images/s from batch-end marks (hand-computed cases, steps_per_execution included),
-the variants' edits still apply to keras_hvd.py, and one tiny real comparison's table (no timing asserted)."""
+"""labkit.exercises.fitbench: the fit-side images/s from batch-end marks (hand-computed cases, steps_per_execution
+included), the variants' edits still apply to keras_hvd.py, and one tiny real comparison's table (no timing
+asserted)."""
 import numpy as np
 import pytest
 

@@ -94,8 +94,10 @@ def test_a_slot_fits_when_it_leaves_the_discussion_time(synthetic):
     assert schedule.check(roomy, rows)[0].fits
     assert not schedule.check(tight, rows)[0].fits
     assert "no: 1 min over" in schedule.slot_table(tight, rows)  # 0.33 min over, rounded up
-    kept = lambda minutes: schedule.Schedule("t", (schedule.Block("s", minutes, ("09",)),), kept_only=True,
-                                             after="-")  # noqa: E731
+
+    def kept(minutes):
+        return schedule.Schedule("t", (schedule.Block("s", minutes, ("09",)),), kept_only=True, after="-")
+
     # kept exercises only: 2 + 2.33 + 7 + 10 = 21.33 min
     assert schedule.check(kept(22), rows)[0].fits and not schedule.check(kept(21), rows)[0].fits
 
@@ -109,7 +111,8 @@ def test_a_notebook_in_no_slot_and_a_slot_with_no_notebook_yet(synthetic):
 
 def test_an_exercise_without_minutes_is_named(synthetic, monkeypatch):
     monkeypatch.setattr(exercises, "MINUTES", {"9.1": (7, "keep")})
-    with pytest.raises(exercises.ExerciseFormatError, match="exercise 9.2 has no entry in labkit.exercises.build.MINUTES"):
+    with pytest.raises(exercises.ExerciseFormatError,
+                       match="exercise 9.2 has no entry in labkit.exercises.build.MINUTES"):
         schedule.course([synthetic])
 
 

@@ -56,7 +56,7 @@ def test_convblock_param_count_by_hand():
     model = cifar.convblock_net()
     assert model.count_params() == total
     assert model.output_shape == (None, 10)
-    shapes = {l.name: l.output_shape for l in model.layers}
+    shapes = {layer.name: layer.output_shape for layer in model.layers}
     assert shapes["pool1"] == (None, 16, 16, 32) and shapes["pool2"] == (None, 8, 8, 64)
     assert shapes["avgpool"] == (None, 1, 1, 128)
 

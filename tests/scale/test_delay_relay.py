@@ -70,8 +70,10 @@ def test_relay_returns_when_the_other_end_closes():
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--dev", "lkd0", "--delay", "soon"], "delay_relay: --delay must be a positive time such as 2ms or 500us; got 'soon'"),
-    (["--dev", "a/b", "--delay", "2ms"], "delay_relay: --dev must be an interface name of 1-15 letters, digits, '_', '.' or '-'; got 'a/b'"),
+    (["--dev", "lkd0", "--delay", "soon"],
+     "delay_relay: --delay must be a positive time such as 2ms or 500us; got 'soon'"),
+    (["--dev", "a/b", "--delay", "2ms"],
+     "delay_relay: --dev must be an interface name of 1-15 letters, digits, '_', '.' or '-'; got 'a/b'"),
     (["--dev", "lkd0", "--delay", "2ms", "--mtu", "20"], "delay_relay: --mtu must be 68..65535 bytes; got 20"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, expected):

@@ -29,7 +29,8 @@ def fake_tf_config(monkeypatch):
     import tensorflow as tf
 
     rec = FakeConfig()
-    monkeypatch.setattr(tf.config, "set_visible_devices", lambda devices, kind=None: rec.visible.append((devices, kind)))
+    monkeypatch.setattr(tf.config, "set_visible_devices",
+                        lambda devices, kind=None: rec.visible.append((devices, kind)))
     monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda dev, on: rec.growth.append((dev, on)))
     return rec
 

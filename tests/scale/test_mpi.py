@@ -35,7 +35,8 @@ def test_the_libmpi_and_mpirun_are_the_ones_horovod_loads():
     assert f"Open MPI v{number}" in library_says, (exe, library_says)
     # the description names the same installation
     assert mpi.version(exe) in mpi.describe()
-    assert ("in this environment" in mpi.describe()) is (Path(exe).parent.resolve() == Path(sys.prefix, "bin").resolve())
+    assert ("in this environment" in mpi.describe()) is (
+        Path(exe).parent.resolve() == Path(sys.prefix, "bin").resolve())
 
 
 def _with_ldd(tmp_path, monkeypatch, output: str):

@@ -119,7 +119,8 @@ class _InlinePool:
 @pytest.mark.parametrize("names", [",", " , ,"])
 def test_configs_that_name_nothing_are_refused_before_anything_is_made(tmp_path, names):
     out = tmp_path / "runs" / "sweep.jsonl"
-    one_line(labkit_cli("sweep", "--configs", names, "--out", str(out), "--no-progress"), "--configs", "names no config")
+    one_line(labkit_cli("sweep", "--configs", names, "--out", str(out), "--no-progress"), "--configs",
+             "names no config")
     assert not (tmp_path / "runs").exists()
 
 

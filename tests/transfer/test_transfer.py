@@ -150,7 +150,7 @@ def test_split_and_subset():
     x = np.arange(20)[:, None]
     y = np.array([0, 1, 2, 3] * 5)
     xs, ys = transfer.split_classes(x, y, [3, 1])
-    assert set(ys) == {0, 1} and all(y[x_[0]] == (3 if l == 0 else 1) for x_, l in zip(xs, ys))
+    assert set(ys) == {0, 1} and all(y[x_[0]] == (3 if label == 0 else 1) for x_, label in zip(xs, ys))
     xp, yp = transfer.per_class_subset(x, y, 2)
     assert np.bincount(yp).tolist() == [2, 2, 2, 2] and np.array_equal(y[xp[:, 0]], yp)
     with pytest.raises(ValueError, match="n_per_class"):
