@@ -121,7 +121,8 @@ def _mpi_check(report: Report) -> Check:
     exe = mpi.mpirun_path() if mpi.horovod_has_mpi() else None
     report.info["mpi"] = {"libmpi": mpi.horovod_libmpi() or None, "mpirun": exe,
                           "version": mpi.version(exe) if exe else None,
-                          "from": None if exe is None else "environment" if mpi.from_this_environment(exe) else "system"}
+                          "from": None if exe is None else
+                          "environment" if mpi.from_this_environment(exe) else "system"}
     fix = "optional: `make setup` builds Horovod with Open MPI from PyPI (launches then use its faster exchange)"
     if exe is None:
         return Check("mpi", False, f"{mpi.describe()}; launches use Gloo", fix, required=False)
@@ -149,13 +150,26 @@ def _blas_check(report: Report) -> Check:
                  "unset OPENBLAS_CORETYPE where this CPU runs OpenBLAS's own choice correctly", required=False)
 
 
-def _memory_bytes() -> tuple[int | None, int | None]:
+def _memory_bytes() -> tuple[int | None, int | None, str]:
+    """(bytes this process may use, bytes available to it, what limits it): a container's limit and what every
+    process in it uses (machine.memory, machine.memory_available), not the node's RAM."""
+    from labkit.base import machine
     try:
-        import psutil
-        vm = psutil.virtual_memory()
-        return vm.total, vm.available
+        total, avail = machine.memory(), machine.memory_available()
     except ImportError:
-        return None, None
+        return None, None, ""
+    if machine.setting(machine.MEMORY_ENV) is not None:
+        return total, avail, f" ({machine.MEMORY_ENV})"
+    limit = machine.cgroup_memory_limit()
+    return total, avail, " (this container's limit)" if limit and limit <= total else ""
+
+
+def _cores_text(cores: int) -> str:
+    """The usable cores, and the CPU quota that limits them where one does (a container started with --cpus)."""
+    from labkit.base import machine
+    quota = machine.cgroup_cpu_limit()
+    text = f"{machine.count_text(cores, 'core')} usable by this process"
+    return text + (f" (this container's CPU quota: {quota:g})" if quota else "")
 
 
 def doctor(check_horovod: bool = True) -> Report:
@@ -172,12 +186,12 @@ def doctor(check_horovod: bool = True) -> Report:
 
     cores = machine.cores()
     report.info["cores"] = cores
-    report.checks.append(Check("cores", True, f"{cores} usable by this process", required=False))
+    report.checks.append(Check("cores", True, _cores_text(cores), required=False))
     report.checks.append(_blas_check(report))
-    total, avail = _memory_bytes()
+    total, avail, limit = _memory_bytes()
     report.info["memory_bytes"] = total
     if total:
-        report.checks.append(Check("memory", avail > 1.5e9, f"{total / 2**30:.1f} GiB total, "
+        report.checks.append(Check("memory", avail > 1.5e9, f"{total / 2**30:.1f} GiB{limit}, "
                                    f"{avail / 2**30:.1f} GiB available",
                                    "under 1.5 GiB free: close other programs or use LABKIT_PROFILE=quick",
                                    required=False))

@@ -59,8 +59,11 @@ def record(what: str, here: str) -> None:
     where = os.environ.get(RECORD_ENV, "").strip()
     if not where or not here:
         return
-    with open(where, "a", encoding="utf-8") as f:  # one kernel per notebook appends; the refresh reads it after
-        f.write(json.dumps({"what": what, "here": here}, ensure_ascii=False) + "\n")
+    from labkit.base import resultsfile  # the one writer: read and rewritten whole under the file's lock
+    line = json.dumps({"what": what, "here": here}, ensure_ascii=False) + "\n"
+    with resultsfile.locked(where):
+        old = Path(where).read_text(encoding="utf-8") if Path(where).is_file() else ""
+        resultsfile.write_text(where, old + line)
 
 
 def read_record(where: Path | str) -> dict:
