@@ -1,10 +1,12 @@
 """The checker of 04's Horovod exercise: it runs the learner's script on 2 workers and names the first mistake.
 
-`check_hvd.keras_hvd(answer)` takes the path of the learner's copy of labkit/scale/keras_single.py made data-parallel
-(or the script's text), runs it under horovodrun through labkit.scale.launch at a tiny size (labkit.exercises.hvd_harness
-records what each rank did), prints one line and returns the path of the reference, labkit/scale/keras_hvd.py.
+`check_hvd.keras_hvd(answer)` takes the path of the learner's copy of labkit/scale/keras_single.py made
+data-parallel (or the script's text), runs it under horovodrun through labkit.scale.launch at a tiny size
+(labkit.exercises.hvd_harness records what each rank did), prints one line and returns the path of the
+reference, labkit/scale/keras_hvd.py.
 The checks, in the order a learner meets them (MISTAKES): a crash named when it is a usual one (hvd.init()
-missing or late, the wrong Horovod module, Keras's new optimizer, a rank that left a collective), initialised,
+missing or late, the wrong Horovod module, Keras's new optimizer, an optimizer wrapped on some ranks only, a rank
+that left a collective), initialised,
 weights broadcast, gradients averaged, LR scaled, LR warmed up, metrics averaged, one checkpoint writer, data
 sharded, steps per epoch divided, one printer. Judged by effect, so every correct form passes (the broadcast as
 the callback, broadcast_variables before fit or after the first batch; a warmup as the callback or a schedule; the
@@ -35,7 +37,8 @@ TIMEOUT = 300  # seconds for one launch, TensorFlow's start-up on a shared machi
 # ranks waiting in different collectives never finish: Horovod shuts down once one has waited STALL_S seconds
 # (checked every STALL_CHECK_S), and the checker names the rank that left instead of waiting for TIMEOUT
 STALL_CHECK_S, STALL_S = 5, 20
-STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(STALL_CHECK_S), "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_S)}
+STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(STALL_CHECK_S),
+             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(STALL_S)}
 
 SINGLE_PROCESS = ("Not answered yet: your script is still the single-process one (it never imports horovod); "
                   "edit it as the steps above say and run this cell again. The lesson goes on with "
@@ -55,13 +58,19 @@ MISTAKES = (
                       "{rank}: {error}). Horovod 0.28.1's callbacks were written for the legacy optimizers (the "
                       "LR warmup sets the momentum as a Keras variable; the new optimizer keeps it as a plain "
                       "float): use tf.keras.optimizers.legacy.SGD, as the starting script does."),
+    ("optimizer_on_some_ranks", "every rank must take part in every collective, and only rank {wrapped} wraps its "
+                                "optimizer in hvd.DistributedOptimizer: its allreduce of the gradients waits for "
+                                "rank {bare}, which never joins it (Horovod then shuts down). Wrap it on every "
+                                "rank; only printing and writing files may depend on hvd.rank()."),
     ("rank_left", "every rank must take part in every collective, and rank {left} left {how} while rank {waited} "
-                  "waited for it in a collective (an allreduce or a broadcast){error}: give every rank the same model.fit, the same steps and the "
+                  "waited for it in a collective (an allreduce or a broadcast){error}: give every rank the same "
+                  "model.fit, the same steps and the "
                   "same callbacks; only printing and writing files may depend on hvd.rank()."),
     ("no_fit", "your script never reaches model.fit: this exercise keeps Keras's fit and adds Horovod's "
                "pieces around it."),
     ("not_broadcast", "the ranks' weights differ after the first step (checksums {a} and {b}): each rank "
-                      "initialises its own (no seed is shared), so start them all from rank 0's, every variable of the model: add "
+                      "initialises its own (no seed is shared), so start them all from rank 0's, every variable "
+                      "of the model: add "
                       "hvd.callbacks.BroadcastGlobalVariablesCallback(0) (or broadcast model.variables from rank "
                       "0 before fit)."),
     ("gradients_not_averaged", "the ranks' weights drift apart during training (checksums {a} and {b} at the "
@@ -95,8 +104,9 @@ MISTAKES = (
     ("no_checkpoint", "no rank writes a checkpoint: keep the ModelCheckpoint, on rank 0 only."),
     ("data_not_sharded", "both ranks trained on the same batches: give each its own part of the data, "
                          "data.make_dataset(..., shard=(hvd.rank(), hvd.size()))."),
-    ("steps_not_divided", "each rank runs all {steps} steps of an epoch: divide steps_per_epoch by hvd.size(), "
-                          "since every step now takes hvd.size() batches."),
+    ("steps_not_divided", "each rank runs {got} steps of an epoch, where the {n} workers together should run the "
+                          "{steps} of --steps: divide, steps_per_epoch = args.steps // hvd.size(), since every step "
+                          "now takes hvd.size() batches."),
     ("verbose_every_rank", "rank 1 prints its progress too: pass verbose only on rank 0 "
                            "(verbose=2 if hvd.rank() == 0 else 0)."),
 )
@@ -115,11 +125,12 @@ def script_args(**overrides) -> list[str]:
 
 def run_scripts(scripts, args=None, *, np_: int = NP, timeout: float = TIMEOUT, timing: bool = False,
                 env_extra=None) -> list[list[dict]]:
-    """Run each script on np_ Horovod ranks, one after the other in one launch (labkit.exercises.hvd_harness); for each
-    script, its ranks' records. An entry is a path (run with args), or (path, its own arguments). Horovod stays initialised from the first script that calls hvd.init() on, so
-    a script without hvd.init() is only judged as such before it (labkit.exercises.hvd_harness). The ranks load data at
-    smoke scale (LABKIT_SMOKE=1: 1000 images; env_extra may say otherwise). Raises
-    labkit.scale.launch.HorovodRunError if the launch itself fails or times out."""
+    """Run each script on np_ Horovod ranks, one after the other in one launch (labkit.exercises.hvd_harness); for
+    each script, its ranks' records. An entry is a path (run with args), or (path, its own arguments). Horovod stays
+    initialised from the first script that calls hvd.init() on, so a script without hvd.init() is only judged as
+    such before it (labkit.exercises.hvd_harness). The ranks load data at smoke scale (LABKIT_SMOKE=1: 1000
+    images; env_extra may say otherwise). Raises labkit.scale.launch.HorovodRunError if the launch itself fails or
+    times out."""
     if not scripts:
         raise ValueError("scripts must name at least one script")
     own = ["--timing"] if timing else []  # not --time: horovodrun would take it for its --timeline-* (ambiguous)
@@ -242,12 +253,25 @@ def _crash(records) -> Verdict | None:
         missing = re.search(r"module '(horovod[\w.]*)' has no attribute '(\w+)'", why)
         if missing and missing[2] in ELSEWHERE.get(missing[1], ()):
             return _mistake("wrong_import", name=missing[2], module=missing[1], rank=r["rank"], error=_error(r))
+    wrapped = _wrapped_on_some_ranks(records)
+    if wrapped:
+        return wrapped
     new = [c for r in records for c in r["compile"] if c.get("legacy") is False]
     failed = next((r for r in records if r.get("error")), None)
     if failed and new and failed["fit"]:  # it stopped in fit, where Horovod's callbacks meet the optimizer
         return _mistake("new_optimizer", optimizer=f"tf.keras.optimizers.{new[0]['optimizer']}",
                         rank=failed["rank"], error=_error(failed))
     return _left(records) or _failure(records)
+
+
+def _wrapped_on_some_ranks(records) -> Verdict | None:
+    """hvd.DistributedOptimizer on some ranks only (e.g. under `if hvd.rank() == 0`): their gradient allreduce
+    waits for ranks that never join it."""
+    wraps = {r["rank"]: any(c["horovod"] for c in r["compile"]) for r in records if r["compile"]}
+    if len(wraps) < len(records) or len(set(wraps.values())) < 2:
+        return None
+    return _mistake("optimizer_on_some_ranks", wrapped=", ".join(str(k) for k, v in wraps.items() if v),
+                    bare=", ".join(str(k) for k, v in wraps.items() if not v))
 
 
 def _not_initialised(records) -> str | None:
@@ -341,8 +365,9 @@ def _output_mistake(records, steps: int) -> Verdict | None:
     seen1 = {h for batch in r1["batches"] for h in batch}
     if seen0 and seen1 and len(seen0 & seen1) > 0.5 * min(len(seen0), len(seen1)):
         return _mistake("data_not_sharded")
-    if r0["fit"][-1]["steps_per_epoch"] == steps and n > 1:
-        return _mistake("steps_not_divided", steps=steps)
+    got = r0["fit"][-1]["steps_per_epoch"]  # None: the whole (sharded) data set, which is divided already
+    if n > 1 and got is not None and got not in (max(1, steps // n), -(-steps // n)):  # floor or ceiling
+        return _mistake("steps_not_divided", got=got, n=n, steps=steps)
     if any(r["fit"][-1]["verbose"] != 0 for r in records[1:]):
         return _mistake("verbose_every_rank")
     return None

@@ -32,6 +32,7 @@ CALLBACKS = """    hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # every r
 """
 TF_IMPORT = ("import horovod.tensorflow.keras as hvd\n",
              "import horovod.tensorflow as hvd_tf  # broadcast_variables lives here\nimport horovod.tensorflow.keras as hvd\n")
+OPT = "opt = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(learning_rate=lr, momentum=0.9))"
 NEW_SGD = ("tf.keras.optimizers.legacy.SGD(", "tf.keras.optimizers.SGD(")
 
 # mistake key -> the learner's script with that one mistake (one per key, in the order they are checked)
@@ -40,6 +41,8 @@ BROKEN = {
     "init_too_late": _broken(("hvd.init()  #", "#"), ("model = models.get(", "hvd.init()\nmodel = models.get(")),
     "wrong_import": _broken(("import horovod.tensorflow.keras as hvd", "import horovod.tensorflow as hvd")),
     "new_optimizer": _broken(NEW_SGD),
+    "optimizer_on_some_ranks": _broken((OPT, "opt = tf.keras.optimizers.legacy.SGD(learning_rate=lr, momentum=0.9)\n"
+                                              "if hvd.rank() == 0:\n    opt = hvd.DistributedOptimizer(opt)")),
     "rank_left": _broken((FIT, "history = None if hvd.rank() == 1 else model.fit(dataset, ")),
     "no_fit": (check_hvd.REFERENCE.parent / "keras_hvd_loop.py").read_text(),  # the custom loop handed in
     "not_broadcast": _broken((CALLBACKS, "")),
@@ -72,6 +75,8 @@ MORE_BROKEN = {
     "new_optimizer_no_wrapper": ("new_optimizer", _broken(NEW_SGD, ("hvd.DistributedOptimizer(", "("))),
     "rank_exits_early": ("rank_left", _broken(("import argparse\n", "import argparse\nimport sys\n"),
                                               (FIT, "if hvd.rank() == 1:\n    sys.exit(0)\n" + FIT))),
+    "steps_multiplied": ("steps_not_divided", _broken(("steps_per_epoch=max(1, args.steps // hvd.size())",
+                                                       "steps_per_epoch=args.steps * hvd.size()"))),
     "uneven_steps": ("rank_left", _broken(("steps_per_epoch=max(1, args.steps // hvd.size())",
                                            "steps_per_epoch=(args.steps - hvd.rank()) // hvd.size()"))),
     "warmup_target_unscaled": ("warmup_not_scaled", _broken(("LearningRateWarmupCallback(initial_lr=lr,",
@@ -137,18 +142,24 @@ CORRECT = {
 }
 
 
+ALONE = ("optimizer_on_some_ranks",)  # its ranks meet in different collectives too: Horovod shuts down
+
+
 @pytest.fixture(scope="session")
 def records(tmp_path_factory):
     """Every variant, the reference and the placeholder run in one launch: {name: [rank 0's, rank 1's record]}.
     A rank that leaves early does not hang the scripts after it (the harness joins the ranks after each): the
     correct variants run after those. Ranks stuck in different collectives (uneven_steps) end in Horovod's
-    shutdown after check_hvd.STALL_S seconds, which no later script could survive: it runs last."""
+    shutdown after check_hvd.STALL_S seconds, which no later script could survive: it runs last, and each script
+    of ALONE (another such shutdown) in a launch of its own."""
     folder = tmp_path_factory.mktemp("hvd_variants")
     paths = {"placeholder": check_hvd.PLACEHOLDER}
     first = ("not_initialised", "init_too_late", "dropped_option")  # no hvd.init() reached: before the others
     last = ("uneven_steps",)
     scripts = {**BROKEN, **{k: src for k, (_, src) in MORE_BROKEN.items()}, **OTHER, **CORRECT}
     for name, src in sorted(scripts.items(), key=lambda item: item[0] not in first):  # `last`: moved below
+        if name in ALONE:
+            continue
         paths[name] = folder / f"{name}.py"
         paths[name].write_text(src)
     paths["correct"] = check_hvd.REFERENCE
@@ -157,6 +168,9 @@ def records(tmp_path_factory):
     runs = check_hvd.run_scripts(list(paths.values()))
     print(f"\n{len(paths)} scripts on 2 workers in one launch: {time.perf_counter() - t0:.1f} s")
     out = dict(zip(paths, runs))
+    for name in ALONE:
+        (folder / f"{name}.py").write_text(scripts[name])
+        (out[name],) = check_hvd.run_scripts([folder / f"{name}.py"])
     assert not any(r["horovod_up_before"] for name in first for r in out[name])
     return out
 
@@ -244,6 +258,10 @@ def test_the_learner_s_words_for_the_new_mistakes(verdicts):
     assert "module 'horovod.tensorflow' has no attribute 'callbacks'" in verdicts["wrong_import"].message
     assert "ckpt-rank0.h5, ckpt-rank1.h5" in verdicts["checkpoint_per_rank"].message
     assert "0.0125 x hvd.local_size()" in verdicts["lr_local_size"].message
+    some = verdicts["optimizer_on_some_ranks"].message
+    assert "every rank must take part in every collective" in some and "only rank 0 wraps" in some
+    assert "Horovod has been shut down" not in some
+    assert "each rank runs 16 steps of an epoch" in verdicts["steps_multiplied"].message
 
 
 def _live_children() -> set:
