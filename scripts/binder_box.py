@@ -144,7 +144,7 @@ def unavailable_reason() -> str | None:
 class Box:
     """A memory + CPU limited cgroup; `with Box(...) as box: box.enter()` puts this process in it."""
 
-    def __init__(self, memory: int = 2 * GiB, cpus: int = 2):
+    def __init__(self, memory: int = 2 * GiB, cpus: int = 2, first_cpu: int = 0):
         if memory < 64 * 2**20:
             raise ValueError(f"memory: expected at least 64 MiB, got {memory} bytes")
         if not 1 <= cpus <= cpus_here():
@@ -152,7 +152,9 @@ class Box:
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(reason)
-        self.memory, self.cpus = memory, cpus
+        if not 0 <= first_cpu < cpus_here():
+            raise ValueError(f"first-cpu: expected 0 to {cpus_here() - 1} (the CPUs here), got {first_cpu}")
+        self.memory, self.cpus, self.first_cpu = memory, cpus, first_cpu
         self.name = f"labkit-box-{os.getpid()}-{time.monotonic_ns() % 10**6}"
         self.v1 = (V1_MEMORY / "memory.limit_in_bytes").exists()
         self.dirs: list[Path] = []
@@ -164,6 +166,7 @@ class Box:
         for part in allowed.strip().split(","):
             lo, _, hi = part.partition("-")
             cpus += list(range(int(lo), int(hi or lo) + 1))
+        cpus = cpus[self.first_cpu % len(cpus):] + cpus[: self.first_cpu % len(cpus)]  # from the first_cpu-th on
         return ",".join(str(c) for c in cpus[: self.cpus])
 
     def __enter__(self):
@@ -314,6 +317,9 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     parser.add_argument("--memory", default="2G", help="memory limit (default 2G, Binder's)")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs in the box (default 2)")
+    parser.add_argument("--first-cpu", type=int, default=0, metavar="K",
+                        help="the box's CPUs start at the K-th CPU this process may use (default 0): two boxes side "
+                             "by side each get a core of their own")
     parser.add_argument("--busy", type=int, default=0, metavar="N",
                         help="N of the box's CPUs kept busy by a spinning process, as on a shared machine (default 0)")
     parser.add_argument("--profile", default=None,
@@ -341,7 +347,7 @@ def _main(args) -> int:
         memory = _parse_size(args.memory)
         if not 0 <= args.busy <= args.cpus:
             raise ValueError(f"busy: expected 0 to --cpus ({args.cpus}) busy CPUs, got {args.busy}")
-        box = Box(memory, args.cpus)
+        box = Box(memory, args.cpus, args.first_cpu)
     except (ValueError, RuntimeError) as err:
         print(f"binder_box: {err}", file=sys.stderr)
         return 2

@@ -69,18 +69,27 @@ def pytest_configure(config):
 # are one unit, run one after the other: the virtual cluster's network namespaces (labkit-node1..N) and the
 # test Slurm that starts on them. That unit is the longest, so it goes first (--no-loadscope-reorder keeps
 # this order) and is not the tail of the run.
-# The files that measure or need the whole machine (the Binder box pins notebooks to its first CPU, or keeps
-# one busy) are marked solo and are one unit sent last; its first test waits until every other test process
-# has finished its work (each one's state file, under a folder of this run, is gone or its process is), so no
-# other test shares their CPUs. With one process (-n 0, -p no:xdist) they simply run in their place.
+# The Binder box's notebook runs must not share their CPUs with another test process, and go last:
+# - a 1-CPU box gets a core of its own (marker solo_core): the two units of them (SOLO_CORE_UNITS) run side by side,
+#   one per test process, each box on that process's own CPU (box_first_cpu), once every other test process has
+#   finished or is running such a unit itself;
+# - the box that keeps one of its 2 CPUs busy needs the whole machine (marker solo): its unit, sent last, waits
+#   until every other test process has finished.
+# Each process's state file (under a folder of this run) holds its pid and, once it runs one of these units, "solo".
+# With one process (-n 0, -p no:xdist) they simply run in their place, the box on the first CPU.
 SERIAL_UNIT, SOLO_UNIT = "cluster", "solo"
 SERIAL_FILES = ("tests/course/test_full_smoke.py", "tests/course/test_slurm.py", "tests/deepdive/test_vcluster.py")
-SOLO_FILES = ("tests/course/test_binder_box.py",)
+BOX_FILE = "tests/course/test_binder_box.py"
+SOLO_TESTS = {f"{BOX_FILE}::test_04_runs_through_on_two_cpus_with_one_busy": SOLO_UNIT}
+SOLO_CORE_UNITS = {f"{BOX_FILE}::test_notebook_runs_through_on_one_cpu[{nb}]": unit for nb, unit in (
+    ("01_cnn_basics.ipynb", "solo-core-a"), ("05_network_sweep.ipynb", "solo-core-a"),
+    ("04_horovod_scaling.ipynb", "solo-core-b"), ("07_scaling_deep_dive.ipynb", "solo-core-b"))}
+_LAST = {**{u: 1 for u in SOLO_CORE_UNITS.values()}, SOLO_UNIT: 2}  # the order the units go out in, at the end
 
 
 def _unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    return SERIAL_UNIT if path in SERIAL_FILES else SOLO_UNIT if path in SOLO_FILES else path
+    return SERIAL_UNIT if path in SERIAL_FILES else SOLO_TESTS.get(nodeid) or SOLO_CORE_UNITS.get(nodeid) or path
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist) must still start
@@ -98,8 +107,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _unit(item.nodeid) == SOLO_UNIT:
             item.add_marker(pytest.mark.solo)
+        elif item.nodeid in SOLO_CORE_UNITS:
+            item.add_marker(pytest.mark.solo_core)
     if hasattr(config, "workerinput"):  # an xdist worker: what it reports is the order the units go out in
-        items.sort(key=lambda item: (_unit(item.nodeid) != SERIAL_UNIT, _unit(item.nodeid) == SOLO_UNIT))  # stable
+        items.sort(key=lambda item: (_unit(item.nodeid) != SERIAL_UNIT, _LAST.get(_unit(item.nodeid), 0),
+                                     _unit(item.nodeid)))  # stable within a unit
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -136,15 +148,27 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's window: waiting is not the test's time
 def pytest_runtest_protocol(item, nextitem):
     mine = _worker_file(item.config)
-    if mine is not None and item.get_closest_marker("solo") and not getattr(item.config, "_labkit_alone", False):
-        while any(_running(f) for f in mine.parent.iterdir() if f != mine):
+    alone, own_core = item.get_closest_marker("solo"), item.get_closest_marker("solo_core")
+    if mine is not None and (alone or own_core):
+        mine.write_text(f"{os.getpid()} solo")  # this process now runs only the box's units
+        while any(_in_the_way(f, alone is not None) for f in mine.parent.iterdir() if f != mine):
             time.sleep(1)
-        item.config._labkit_alone = True  # the others have finished: they take no more work
     yield
 
 
-def _running(state: Path) -> bool:
+def _in_the_way(state: Path, alone: bool) -> bool:
+    """Whether the test process of this state file still runs (alone: at all; else: other tests than the box's)."""
     try:
-        return Path(f"/proc/{int(state.read_text())}").exists()
+        pid, *phase = state.read_text().split()
+        running = Path(f"/proc/{int(pid)}").exists()
     except (OSError, ValueError):  # gone meanwhile, or being written
         return state.exists()
+    return running and (alone or phase != ["solo"])
+
+
+@pytest.fixture
+def box_first_cpu(request) -> int:
+    """The CPU (index among this machine's) a 1-CPU box of this test process starts at: gw0 the first, gw1 the
+    second, so two boxes side by side each have a core of their own."""
+    worker = getattr(request.config, "workerinput", {}).get("workerid", "gw0")
+    return int(worker.removeprefix("gw")) % (os.cpu_count() or 1)

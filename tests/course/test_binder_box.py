@@ -112,8 +112,8 @@ def _in_box(notebook, *box_args):
 @needs_box
 @pytest.mark.parametrize("notebook", ["01_cnn_basics.ipynb", "04_horovod_scaling.ipynb", "05_network_sweep.ipynb",
                                       "07_scaling_deep_dive.ipynb"])
-def test_notebook_runs_through_on_one_cpu(notebook):
-    stdout = _in_box(notebook, "--cpus", "1")
+def test_notebook_runs_through_on_one_cpu(notebook, box_first_cpu):
+    stdout = _in_box(notebook, "--cpus", "1", "--first-cpu", str(box_first_cpu))
     assert "2.00 GiB memory, 1 CPUs" in stdout
 
 
@@ -214,3 +214,17 @@ def test_kill_9_leaves_no_busy_process_and_the_next_run_sweeps_the_rest(request,
     assert f"removed {binder_box.V1_MEMORY if binder_box.V1_MEMORY.is_dir() else binder_box.V2_ROOT}/{name}" \
         in nxt.stderr, nxt.stderr
     assert _gone(pids) and _left_behind(name) == [] and _left_in(tmp_path) == []
+
+
+@needs_box
+def test_two_one_cpu_boxes_side_by_side_each_get_a_core_of_their_own():
+    """--first-cpu K: the box's CPUs start at the K-th CPU this process may use (the suite runs two 1-CPU boxes at
+    once, one per test process)."""
+    allowed = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    first, second = binder_box.Box(2**30, 1, 0), binder_box.Box(2**30, 1, 1)
+    assert first._cpu_list(allowed) != second._cpu_list(allowed)
+    assert binder_box.Box(2**30, 2, 1)._cpu_list("0-1") == "1,0"  # wraps round
+    bad = _run("--cpus", "1", "--first-cpu", "99")
+    assert bad.returncode == 2 and "first-cpu" in bad.stderr and bad.stderr.strip().count("\n") == 0
