@@ -68,7 +68,8 @@ def pytest_configure(config):
 # fixtures start once and nbval's cells run in order in one kernel. The files that share machine-wide state
 # are one unit, run one after the other: the virtual cluster's network namespaces (labkit-node1..N) and the
 # test Slurm that starts on them. That unit is the longest, so it goes first (--no-loadscope-reorder keeps
-# this order) and is not the tail of the run.
+# this order) and is not the tail of the run. The full profile's notebook runs (test_full_smoke.py without its Slurm
+# templates) are a unit of their own, second.
 # The Binder box's notebook runs must not share their CPUs with another test process, and go last:
 # - a 1-CPU box gets a core of its own (marker solo_core): the two units of them (SOLO_CORE_UNITS) run side by side,
 #   one per test process, each box on that process's own CPU (box_first_cpu), once every other test process has
@@ -79,6 +80,7 @@ def pytest_configure(config):
 # With one process (-n 0, -p no:xdist) they simply run in their place, the box on the first CPU.
 SERIAL_UNIT, SOLO_UNIT = "cluster", "solo"
 SERIAL_FILES = ("tests/course/test_full_smoke.py", "tests/course/test_slurm.py", "tests/deepdive/test_vcluster.py")
+FULL_SMOKE = SERIAL_FILES[0]  # its Slurm templates (test names with "_template_") share the test Slurm
 BOX_FILE = "tests/course/test_binder_box.py"
 SOLO_TESTS = {f"{BOX_FILE}::test_04_runs_through_on_two_cpus_with_one_busy": SOLO_UNIT}
 SOLO_CORE_UNITS = {f"{BOX_FILE}::test_notebook_runs_through_on_one_cpu[{nb}]": unit for nb, unit in (
@@ -89,6 +91,8 @@ _LAST = {**{u: 1 for u in SOLO_CORE_UNITS.values()}, SOLO_UNIT: 2}  # the order 
 
 def _unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
+    if path == FULL_SMOKE and "_template_" not in nodeid:  # its notebook runs need no Slurm: not the serial unit's
+        return FULL_SMOKE
     return SERIAL_UNIT if path in SERIAL_FILES else SOLO_TESTS.get(nodeid) or SOLO_CORE_UNITS.get(nodeid) or path
 
 
@@ -110,8 +114,8 @@ def pytest_collection_modifyitems(config, items):
         elif item.nodeid in SOLO_CORE_UNITS:
             item.add_marker(pytest.mark.solo_core)
     if hasattr(config, "workerinput"):  # an xdist worker: what it reports is the order the units go out in
-        items.sort(key=lambda item: (_unit(item.nodeid) != SERIAL_UNIT, _LAST.get(_unit(item.nodeid), 0),
-                                     _unit(item.nodeid)))  # stable within a unit
+        items.sort(key=lambda item: (_unit(item.nodeid) != SERIAL_UNIT, _unit(item.nodeid) != FULL_SMOKE,
+                                     _LAST.get(_unit(item.nodeid), 0), _unit(item.nodeid)))  # stable in a unit
 
 
 @pytest.hookimpl(optionalhook=True)

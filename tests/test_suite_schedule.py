@@ -23,3 +23,10 @@ def test_every_box_notebook_run_has_its_unit_and_the_busy_one_goes_last():
     units = set(conftest.SOLO_CORE_UNITS.values())
     assert len(units) == 2 and all(conftest._unit(t) in units for t in conftest.SOLO_CORE_UNITS)
     assert conftest._LAST[conftest.SOLO_UNIT] > max(conftest._LAST[u] for u in units)
+
+
+def test_the_full_profiles_notebook_runs_leave_the_serial_unit_but_its_slurm_templates_stay():
+    smoke = conftest.FULL_SMOKE
+    assert conftest._unit(f"{smoke}::test_notebook_runs_in_full_profile_at_smoke_scale[x]") == smoke
+    assert conftest._unit(f"{smoke}::test_single_node_template_in_full_profile_at_smoke_scale") == conftest.SERIAL_UNIT
+    assert conftest._unit("tests/course/test_slurm.py::test_x") == conftest.SERIAL_UNIT
