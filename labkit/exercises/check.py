@@ -323,8 +323,12 @@ def memory_footprint(filters: int, filter_size: int, pool_size: int, extra_conv:
         ("params", total / 4, "that is the number of parameters; each takes 4 bytes in single precision."),
         ("no_bias", total - 4 * biases, f"the biases are missing: one per filter and per output, {biases} in all."),
         ("bits", 8 * total, "that is bits; divide by 8 for bytes."),
+        ("kilobytes", total / 1e3, "that is kB (1,000 bytes each); this asks for bytes: give the number of bytes, "
+                                   "1,000 times that."),
+        ("kibibytes", total / 2**10, "that is KiB (1,024 bytes each); this asks for bytes: give the number of "
+                                     "bytes, 1,024 times that."),
     ], hint="Sum (k x k x C_in + 1) x filters over the convs, (inputs + 1) x 10 for the dense layer; times 4.",
-        success=f"{total // 4:,} parameters x 4 bytes = {total / 1e3:.1f} KB.")
+        success=f"{total // 4:,} parameters x 4 bytes = {total:,} bytes = {total / 1e3:.1f} kB.")
 
 
 def _front(points):

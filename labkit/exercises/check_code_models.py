@@ -101,6 +101,9 @@ def pareto_function(fn, rng):
 
 
 # ------------------------------------------------------------------------------------ 06_transfer_learning
+MOMENTUM = 0.9  # the recipe's SGD momentum (the paper's and labkit.transfer's)
+
+
 def transfer_reference(model, frozen, lr):
     """Freeze the layers named in `frozen`, give the new head the paper's factors (x10 weights, x20 biases) at
     learning rate lr (SGD, momentum 0.9), compile; returns the model. (06_transfer_learning)"""
@@ -110,7 +113,7 @@ def transfer_reference(model, frozen, lr):
         if layer.name in frozen:
             layer.trainable = False
     optimizer = transfer.sgd_with_lr_factors(model, {transfer.HEAD: transfer.HEAD_LR_FACTORS}, learning_rate=lr,
-                                             momentum=0.9)
+                                             momentum=MOMENTUM)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
@@ -177,10 +180,42 @@ def _rates(model, ratios, frozen, what):
     return None
 
 
+def _momentum(model, x, y, lr, start, frozen, what):
+    """A second step moves lr x factor x gradient + momentum x the first move: None at MOMENTUM, else the verdict."""
+    from labkit import transfer
+
+    first = {v.name: v.numpy() for v in model.weights}
+    plain = _expected_moves(model, x, y, lr)  # lr x gradient at the weights after the first step
+    try:
+        model.train_on_batch(x, y)
+    except Exception as err:
+        return _wrong(f"a second training step of the model your function returned raised {_error(err)} ({what}).")
+    head, factors = transfer.HEAD, transfer.HEAD_LR_FACTORS
+    carried, previous = [], []
+    for layer in model.layers:
+        if layer.name in frozen:
+            continue
+        for v in layer.weights:
+            factor = factors[v.name.split("/")[-1].split(":")[0]] if layer.name == head else 1.0
+            carried.append((v.numpy() - first[v.name] + factor * plain[v.name]).ravel())  # the second move - SGD's
+            previous.append((first[v.name] - start[v.name]).ravel())  # the first move
+    carried, previous = np.concatenate(carried), np.concatenate(previous)
+    m = float(np.vdot(carried, previous) / max(np.vdot(previous, previous), 1e-30))
+    if np.isclose(m, MOMENTUM, atol=0.02):
+        return None
+    if abs(m) < 0.02:
+        return _mistake("no_momentum", f"the rates are right in one step, but the second step carries nothing of "
+                                       f"the first ({what}): the recipe is SGD with momentum {MOMENTUM:g}, "
+                                       f"transfer.sgd_with_lr_factors(..., momentum={MOMENTUM:g}).")
+    return _wrong(f"the second step carries on {m:.2f} of the first step's move ({what}); SGD with momentum "
+                  f"{MOMENTUM:g} carries on {MOMENTUM:g}.")
+
+
 @_code_checker(lambda: transfer_reference, mistakes=("forgot_recompile", "froze_head", "factor_on_base",
-                                                     "no_factors", "not_frozen"))
+                                                     "no_factors", "not_frozen", "no_momentum"))
 def transfer_function(fn, rng):
-    """prepare_transfer(model, frozen, lr): frozen layers stay put after a step, the head learns at x10 / x20.
+    """prepare_transfer(model, frozen, lr): frozen layers stay put after a step, the head learns at x10 / x20, and
+    a second step shows the momentum (0.9).
 
     (06_transfer_learning)
     """
@@ -227,6 +262,7 @@ def transfer_function(fn, rng):
             return _mistake("froze_head", f"{head!r} did not move: it is frozen too, so nothing new learns; "
                                           "freeze only the layers named in `frozen`.")
         return _wrong(f"{head!r} did not move in one training step ({what}).")
-    return _rates(model, ratios, frozen, what) or _correct(
-        f"in one real Keras training step (frozen={frozen}, lr={lr}) the frozen layer did not move, conv2 learned "
-        f"at lr and the new head at x{factors['kernel']:g} (weights) and x{factors['bias']:g} (biases).")
+    return _rates(model, ratios, frozen, what) or _momentum(model, x, y, lr, before, frozen, what) or _correct(
+        f"in two real Keras training steps (frozen={frozen}, lr={lr}) the frozen layer did not move, conv2 learned "
+        f"at lr and the new head at x{factors['kernel']:g} (weights) and x{factors['bias']:g} (biases), and the "
+        f"second step carried on {MOMENTUM:g} of the first (momentum {MOMENTUM:g}).")

@@ -126,7 +126,8 @@ def cases():
         ("efficiency", dict(images_per_sec_1=100.0, images_per_sec_n=340.0, workers=4), 340 / 400, {
             "speedup": 3.4, "inverted": 400 / 340, "percent": 85.0}),
         ("memory_footprint", cfg, 4 * matlab_param_count(cfg), {
-            "params": matlab_param_count(cfg), "no_bias": 4 * weights_only, "bits": 32 * matlab_param_count(cfg)}),
+            "params": matlab_param_count(cfg), "no_bias": 4 * weights_only, "bits": 32 * matlab_param_count(cfg),
+            "kilobytes": 4 * matlab_param_count(cfg) / 1000, "kibibytes": 4 * matlab_param_count(cfg) / 1024}),
         # the oracle: j beats i when the front of the pair (i, j) is j alone (the brute force _front above)
         ("beaten_by", dict(points=pts, index=3),
          [j for j in range(len(pts)) if j != 3 and _front([pts[3], pts[j]]) == [1]],

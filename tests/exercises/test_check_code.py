@@ -206,7 +206,8 @@ def _compile(model, optimizer):
 def transfer_ok(model, frozen, lr):
     for name in frozen:
         model.get_layer(name).trainable = False
-    return _compile(model, transfer.sgd_with_lr_factors(model, {"new_fc": HEAD_FACTORS}, learning_rate=lr))
+    return _compile(model, transfer.sgd_with_lr_factors(model, {"new_fc": HEAD_FACTORS}, learning_rate=lr,
+                                                        momentum=0.9))
 
 
 def transfer_no_compile(model, frozen, lr):
@@ -238,6 +239,32 @@ def transfer_no_factors(model, frozen, lr):
     return _compile(model, tf.keras.optimizers.SGD(lr, momentum=0.9))
 
 
+def transfer_no_momentum(model, frozen, lr):  # one step from zero velocity cannot tell it from the recipe
+    for name in frozen:
+        model.get_layer(name).trainable = False
+    return _compile(model, transfer.sgd_with_lr_factors(model, {"new_fc": HEAD_FACTORS}, learning_rate=lr,
+                                                        momentum=0.0))
+
+
+def transfer_factor_sgd_plain(model, frozen, lr):  # FactorSGD's own default: no momentum
+    for name in frozen:
+        model.get_layer(name).trainable = False
+    return _compile(model, transfer.FactorSGD(transfer.variable_factors(model, {"new_fc": HEAD_FACTORS}),
+                                              learning_rate=lr))
+
+
+def transfer_half_momentum(model, frozen, lr):
+    for name in frozen:
+        model.get_layer(name).trainable = False
+    return _compile(model, transfer.sgd_with_lr_factors(model, {"new_fc": HEAD_FACTORS}, learning_rate=lr,
+                                                        momentum=0.5))
+
+
+def test_transfer_momentum_other_than_the_recipes_is_named_with_its_value():
+    verdict = check.CHECKERS["transfer_function"].judge(transfer_half_momentum)
+    assert verdict.status == "wrong" and "0.50 of the first" in verdict.message, verdict.message
+
+
 def transfer_not_frozen(model, frozen, lr):
     return _compile(model, transfer.sgd_with_lr_factors(model, {"new_fc": HEAD_FACTORS}, learning_rate=lr))
 
@@ -261,7 +288,7 @@ CASES = {  # checker -> (correct solutions, {mistake key: [the learner's functio
     "transfer_function": ([transfer_ok], {
         "forgot_recompile": [transfer_no_compile], "froze_head": [transfer_freeze_all, transfer_freeze_all_plain],
         "factor_on_base": [transfer_factor_everywhere], "no_factors": [transfer_no_factors],
-        "not_frozen": [transfer_not_frozen]}),
+        "not_frozen": [transfer_not_frozen], "no_momentum": [transfer_no_momentum, transfer_factor_sgd_plain]}),
 }
 
 
