@@ -141,6 +141,35 @@ def jupyterlab_format(nb, language_info: dict):
     return nb
 
 
+STALL_FLOOR_S, STALL_FACTOR = 180, 10  # a cell gets 10x its committed run time, 3 minutes at least
+
+
+def committed_seconds(cell) -> float | None:
+    """The seconds a code cell took in the committed run (its execution timestamps), or None where not recorded."""
+    from datetime import datetime
+    times = cell.get("metadata", {}).get("execution", {})
+    try:
+        start, end = times["iopub.execute_input"], times["shell.execute_reply"]
+        parse = [datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (start, end)]
+    except (KeyError, ValueError, AttributeError):
+        return None
+    return max(0.0, (parse[1] - parse[0]).total_seconds())
+
+
+def cell_timeouts(nb, cap: int, profile: str):
+    """nbclient's timeout_func: a cell that stalls (a kernel's reply lost, as once seen after a widget cell) fails
+    in STALL_FACTOR x its committed run time (STALL_FLOOR_S at least, cap at most) instead of the whole cap, when
+    the notebook's committed outputs come from the workshop profile and this pass runs it or the quick one; else cap."""
+    committed = nb.metadata.get("labkit", {}).get("refresh", {}).get("profile")
+    if committed != "workshop" or profile not in ("quick", "workshop"):
+        return lambda cell: cap
+    def bound(cell):
+        seconds = committed_seconds(cell)
+        return cap if seconds is None else int(min(cap, max(STALL_FLOOR_S, STALL_FACTOR * seconds)))
+    bounds = {id(cell): bound(cell) for cell in nb.cells}  # now: the run rewrites the timestamps as it goes
+    return lambda cell: bounds.get(id(cell), cap)
+
+
 def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = None,
                  kernel_stderr=None, notes: dict | None = None) -> tuple[float, int, int]:
     """Execute every cell; raises CellFailed naming the first cell that raised, or ChangedOnDisk when the file
@@ -151,7 +180,9 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
     original = path.read_bytes()  # compared before the write: an edit saved meanwhile is never overwritten
     nb = nbformat.reads(original.decode("utf-8"), as_version=4)
     # record_timing (nbclient's default, stated): the cells' timestamps are the committed run time
+    profile = os.environ.get("LABKIT_PROFILE", "workshop")
     client = NotebookClient(nb, timeout=timeout, kernel_name="labkit", record_timing=True,
+                            timeout_func=cell_timeouts(nb, timeout, profile),
                             resources={"metadata": {"path": str(path.parent)}})
     info = {"load_before": round(load_average(), 2)}
     start = time.perf_counter()

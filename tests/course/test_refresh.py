@@ -2,6 +2,7 @@
 cells' timestamps, and saves notebooks as JupyterLab does (so opening one marks nothing modified)."""
 import copy
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -157,3 +158,37 @@ def test_a_notebook_edited_while_it_ran_keeps_the_edit_and_is_named(tmp_path, mo
     kept = nbformat.read(str(edited), as_version=4)
     assert kept.cells[0].source == "# a notebook, typo fixed" and not kept.cells[2].outputs  # the edit, no run
     assert nbformat.read(str(other), as_version=4).cells[1].outputs[0].text == "ran\n"  # the others are written
+
+
+def _timed_notebook(seconds_committed: float, source: str = "x = 1", profile: str = "workshop"):
+    import nbformat
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata["execution"] = {"iopub.execute_input": "2026-11-26T21:00:00.000000Z",
+                                  "shell.execute_reply": f"2026-11-26T21:00:{seconds_committed:09.6f}Z"}
+    nb = nbformat.v4.new_notebook(cells=[cell, nbformat.v4.new_markdown_cell("text")])
+    nb.metadata["labkit"] = {"refresh": {"profile": profile}}
+    return nb
+
+
+def test_a_cell_may_take_ten_times_its_committed_run_and_three_minutes_at_least():
+    nb = _timed_notebook(30.0)
+    assert refresh.cell_timeouts(nb, 1800, "workshop")(nb.cells[0]) == 300
+    assert refresh.cell_timeouts(nb, 200, "quick")(nb.cells[0]) == 200  # never above the cap
+    assert refresh.cell_timeouts(nb, 1800, "full")(nb.cells[0]) == 1800  # the full profile runs longer
+    short = _timed_notebook(0.5)
+    assert refresh.cell_timeouts(short, 1800, "workshop")(short.cells[0]) == refresh.STALL_FLOOR_S
+    untimed = _timed_notebook(1.0, profile="quick")  # committed from another profile: the cap
+    assert refresh.cell_timeouts(untimed, 1800, "workshop")(untimed.cells[0]) == 1800
+
+
+def test_a_stalled_cell_fails_in_its_bound_naming_the_cell(tmp_path, monkeypatch):
+    """A cell that hangs (as once after a widget cell, 899 s) fails in its bound, not the whole --timeout."""
+    import nbformat
+    monkeypatch.setattr(refresh, "STALL_FLOOR_S", 3)
+    path = tmp_path / "stall.ipynb"
+    nbformat.write(_timed_notebook(0.1, "import time\ntime.sleep(60)"), path)
+    monkeypatch.setenv("LABKIT_PROFILE", "workshop")
+    start = time.perf_counter()
+    with pytest.raises(refresh.CellFailed, match="cell 0 raised"):
+        refresh.run_notebook(path, write=False, timeout=600)
+    assert time.perf_counter() - start < 45
