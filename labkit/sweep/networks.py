@@ -120,7 +120,7 @@ def recommend(df, max_accuracy_drop: float = 0.02, memory_budget_bytes: int | No
 
 
 def plot_pareto(df, ax=None, label_points=True):
-    """Accuracy vs memory footprint (KB), the Pareto front drawn as a staircase (05_network_sweep)."""
+    """Accuracy vs memory footprint (kB), the Pareto front drawn as a staircase (05_network_sweep)."""
     import matplotlib.pyplot as plt
 
     ok = df[df.status == "ok"].reset_index(drop=True)
@@ -135,7 +135,7 @@ def plot_pareto(df, ax=None, label_points=True):
         for _, r in ok.iterrows():
             ax.annotate(r["name"], (r.memory_kb, 100 * r.accuracy), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
-    ax.set_xlabel("memory footprint (KB, 4 bytes x learnable parameters)")
+    ax.set_xlabel("memory footprint (kB = 1,000 bytes; 4 bytes x learnable parameters)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Accuracy against memory footprint")
     ax.legend(loc="best")
@@ -346,7 +346,7 @@ def cli_main(argv: list[str]) -> int:
         return _fail(str(err))
     if args.list:
         table = config_table(configs)
-        print(f"{'config':<14} {'params':>8} {'memory (KB)':>12} {'M MACs/image':>13}")
+        print(f"{'config':<14} {'params':>8} {'memory (kB)':>12} {'M MACs/image':>13}")
         for r in table.itertuples():
             print(f"{r.name:<14} {r.params:>8} {r.memory_kb:>12.1f} {r.mmacs:>13.1f}")
         return 0
@@ -387,7 +387,7 @@ def cli_main(argv: list[str]) -> int:
 def _print_results(run) -> None:
     ok = [r for r in run.records if r["status"] == "ok"]
     front = {ok[i]["key"] for i in pareto_front([(r["memory_bytes"], r["accuracy"]) for r in ok])}
-    print(f"{'config':<14} {'memory (KB)':>12} {'accuracy':>9} {'train (s)':>10}  pareto")
+    print(f"{'config':<14} {'memory (kB)':>12} {'accuracy':>9} {'train (s)':>10}  pareto")
     for r in sorted(run.records, key=lambda r: (r["memory_bytes"] is None, r["memory_bytes"] or 0)):
         if r["status"] != "ok":
             print(f"{r['name']:<14} FAILED: {r['error']}")

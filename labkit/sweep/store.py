@@ -113,7 +113,7 @@ def settings_mismatch(records, settings: dict, path="the results file") -> str |
 
 
 def records_dataframe(records):
-    """Records as a pandas DataFrame: one row per config, config keys as columns, memory in KB. (05_network_sweep)"""
+    """Records as a pandas DataFrame: one row per config, config keys as columns, memory in kB. (05_network_sweep)"""
     import pandas as pd
 
     rows = []
