@@ -83,25 +83,62 @@ def check_data_dir() -> Path:
 OWNER_FILE = ".labkit-owner"
 
 
+SCRATCH_PREFIX = "labkit-"  # every labkit scratch folder whose name starts so is swept by any later call
+_SCRATCH: list[Path] = []  # this process's scratch folders, removed at exit or on SIGTERM
+
+
 def scratch_dir(prefix: str) -> Path:
     """A new private folder in the system's temporary directory for one notebook's checkpoints or results,
-    removed with everything in it when this Python process (the notebook's kernel) exits. A kernel that is
-    killed (a test runner's or a server's hard stop) cannot clean up: its folder records the kernel's pid,
-    and the next scratch_dir call with the same prefix removes this user's folders whose process is gone.
-    (01, 05)"""
+    removed with everything in it when this Python process (the notebook's kernel) exits, or is stopped by
+    SIGTERM (a Jupyter server's or jupyter_client's stop: exit handlers do not run then, so a handler removes the
+    folders and then lets the signal end the process as before). A kernel killed outright (SIGKILL) cannot clean
+    up: its folder records the kernel's pid, and the next scratch_dir call (any notebook's: the prefix or
+    labkit-*) removes this user's folders whose process is gone. (01, 05)"""
     import atexit
     import shutil
     import tempfile
     if not isinstance(prefix, str) or not prefix or "/" in prefix:
         raise ValueError(f"prefix must be a non-empty name without '/'; got {prefix!r}")
-    for old in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+    tmp = Path(tempfile.gettempdir())
+    for old in {*tmp.glob(f"{prefix}*"), *tmp.glob(f"{SCRATCH_PREFIX}*")}:
         if _orphaned(old):
             shutil.rmtree(old, ignore_errors=True)
     path = Path(tempfile.mkdtemp(prefix=prefix))
     from labkit.base import resultsfile
     resultsfile.write_text(path / OWNER_FILE, str(os.getpid()))
-    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    if not _SCRATCH:
+        atexit.register(_remove_scratch)
+        _remove_on_sigterm()
+    _SCRATCH.append(path)
     return path
+
+
+def _remove_scratch():
+    import shutil
+    while _SCRATCH:
+        shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
+
+
+def _remove_on_sigterm():
+    """On SIGTERM, remove this process's scratch folders, then do what SIGTERM did before (the handler that was
+    there, or the default: the process ends by the signal). Left alone where SIGTERM is ignored, or off the main
+    thread (Python sets handlers there only)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    if before == signal.SIG_IGN or before is None:  # ignored, or set outside Python: leave it as it is
+        return
+
+    def on_sigterm(signum, frame):
+        _remove_scratch()
+        if callable(before):
+            return before(signum, frame)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _orphaned(path: Path) -> bool:

@@ -92,6 +92,57 @@ def test_a_killed_kernels_scratch_dir_is_removed_by_the_next_one(tmp_path):
         alive.wait()
 
 
+def _holder(env, prefix="labkit-test-", before=""):
+    """A process that makes a scratch folder with a results file in it, prints the folder and waits."""
+    import subprocess
+    import sys
+    code = (f"import time; {before}from labkit.base import config; p = config.scratch_dir({prefix!r}); "
+            "(p / 'sweep.jsonl').write_text('{}'); print(p, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    return proc, proc.stdout.readline().strip()
+
+
+def test_a_kernel_stopped_by_sigterm_leaves_no_scratch_folder(tmp_path):
+    """jupyter_client stops a kernel with SIGTERM, which skips exit handlers: the folder (05's sweep.jsonl in it)
+    goes at once, and the process still ends by the signal, as it did."""
+    import os
+    import signal
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc, path = _holder(env)
+    assert os.path.isfile(os.path.join(path, "sweep.jsonl"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    assert not os.path.exists(path), "a SIGTERM'd kernel's scratch folder was left behind"
+
+
+def test_scratch_dir_on_sigterm_keeps_a_handler_that_was_there(tmp_path):
+    """A process with its own SIGTERM handler keeps it: the folder goes, then that handler runs (exit 3 here)."""
+    import os
+    import signal
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    before = "import os, signal; signal.signal(signal.SIGTERM, lambda s, f: os._exit(3)); "
+    proc, path = _holder(env, before=before)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 3 and not os.path.exists(path)
+
+
+def test_any_notebooks_next_scratch_dir_sweeps_a_killed_kernels_folder(tmp_path):
+    """A kernel killed outright (SIGKILL: no handler runs) leaves its folder; the next scratch_dir call of another
+    notebook (another labkit- prefix) removes it, so it is not left until that notebook runs again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc, path = _holder(env, prefix="labkit-05-")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert os.path.isdir(path)
+    subprocess.run([sys.executable, "-c", "from labkit.base import config; config.scratch_dir('labkit-01-')"],
+                   check=True, env=env)
+    assert not os.path.exists(path), "another notebook's scratch_dir left the killed kernel's folder"
+
+
 def test_scratch_dir_refuses_a_path_as_prefix():
     import pytest
 
