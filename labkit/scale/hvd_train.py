@@ -12,6 +12,13 @@ ranks are the proof that they stayed in sync.
 Rank 0 alone prints progress, writes the log and the checkpoint. Warm-up steps (graph tracing, first
 allocations) are run but never timed.
 
+`--checkpoint DIR` makes the run resumable (labkit.scale.checkpoint): its warm-up + steps x repeats steps are a
+fixed schedule, trained deterministically (TensorFlow's op determinism, seeded data order); rank 0 writes the
+whole state every --checkpoint-every steps, when any rank gets SIGUSR1 or SIGTERM (the ranks agree on it after
+each step, stop after the same one and exit cleanly) and at the end; `--resume` continues from it: rank 0 reads
+it, broadcasts weights, optimizer slots and step, and every rank skips the batches of its shard already trained,
+so a run stopped and resumed ends with the same weights, bit for bit, as one never stopped.
+
 A leaf script: no labkit module imports it. The model comes from labkit.models (default small_cnn), the
 data from labkit.data (its synthetic set, sharded by make_dataset; or, with `--data random`, one fixed
 random batch at any size, as Horovod's own synthetic benchmark feeds ResNet-50), the LR schedule
@@ -31,12 +38,14 @@ import argparse
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported)
 from labkit.base.checks import check_int
+from labkit.scale import checkpoint as ckpt
 from labkit.scale import settings
 from labkit.scale.records import RankRecord
 from labkit.scale.settings import DATA, DEFAULT_MODEL, DEVICES, RunSettings, num_examples_for  # noqa: F401
@@ -68,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-function", action="store_true", help="run the step eagerly (no tf.function)")
     p.add_argument("--jit", action="store_true", help="compile the step with XLA (tf.function jit_compile)")
     p.add_argument("--out", default=None, help="directory for rank{R}.json (default: no files)")
-    p.add_argument("--checkpoint-dir", default=None, help="rank 0 writes weights.h5 and log.jsonl here")
+    p.add_argument("--checkpoint-dir", dest="checkpoint", help=argparse.SUPPRESS)  # --checkpoint's former name
     p.add_argument("--progress-every", type=int, default=0, help="rank 0 reports every N steps (0: per repeat)")
     p.add_argument("--bench-allreduce", action="store_true", help="time hvd.allreduce instead of training")
     p.add_argument("--sizes", default="4,1024,16384,262144,1048576,4194304",
@@ -77,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     # fault injection, for the tests of labkit.scale.scaling's crash and timeout handling
     p.add_argument("--fail-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--hang-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--kill-rank", type=int, default=-1, help=argparse.SUPPRESS)  # SIGKILL, mid-run
     p.add_argument("--fault-at-step", type=int, default=2, help=argparse.SUPPRESS)
     return p
 
@@ -86,7 +96,7 @@ def _problem(args) -> str | None:
     try:
         for name, least in (("batch_size", 1), ("steps", 1), ("repeats", 1), ("image_size", 1), ("classes", 1),
                             ("chain", 1), ("warmup_steps", 0), ("lr_warmup_steps", 0), ("threads", 0),
-                            ("inter_threads", 0), ("num_groups", 0)):
+                            ("inter_threads", 0), ("num_groups", 0), ("checkpoint_every", 0)):
             check_int(getattr(args, name), "--" + name.replace("_", "-"), minimum=least)
         if args.num_examples is not None:
             check_int(args.num_examples, "--num-examples", minimum=1)
@@ -97,6 +107,14 @@ def _problem(args) -> str | None:
                 "synced steps and their exchange-free control itself")
     if args.barrier and not args.no_sync:
         return "--barrier needs --no-sync (it replaces the gradient allreduce by a 4-byte one)"
+    for flag, given in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every)):
+        if given and not args.checkpoint:
+            return f"{flag} needs --checkpoint (the folder of the run's checkpoint)"
+    if args.checkpoint and args.paired:
+        return "--checkpoint cannot be combined with --paired: it keeps one schedule of synced steps"
+    if args.resume and args.no_sync:
+        return ("--resume cannot be combined with --no-sync: the ranks' weights drifted apart, and rank 0's "
+                "checkpoint alone cannot restore them")
     if args.data == "synthetic" and (args.image_size, args.classes) != (32, 10):
         return (f"--data synthetic is 32 px with 10 classes; got --image-size {args.image_size} --classes "
                 f"{args.classes} (use --data random for other sizes)")
@@ -138,8 +156,9 @@ def _setup(args):
     return tf, hvd, threads, int(pinned is not None), comm_tids
 
 
-def _load_data(tf, args, rank, size):
-    """This rank's batches (an endless iterator) over its 1/size shard, the data set's name and sizes.
+def _load_data(tf, args, rank, size, skip: int = 0):
+    """This rank's batches (an endless iterator) over its 1/size shard, the data set's name and sizes; skip:
+    batches already trained (a resumed run starts where the stopped one left its shard).
 
     --data random: one fixed random batch, fed every step (Horovod's synthetic benchmark; nothing to shard).
     Otherwise labkit.data's synthetic set or load_dataset, through make_dataset(shard=(rank, size)).
@@ -162,7 +181,7 @@ def _load_data(tf, args, rank, size):
         raise ValueError(f"this rank's shard has {mine} examples, fewer than batch_size={args.batch_size}; "
                          f"raise --num-examples or lower --batch-size")
     ds = data.make_dataset(x, y, args.batch_size, shuffle=True, seed=args.seed, shard=(rank, size),
-                           drop_remainder=True).repeat()
+                           drop_remainder=True).repeat().skip(skip)
     return iter(ds), name, len(x), mine, x.shape[1:]
 
 
@@ -267,7 +286,10 @@ def _steps(tf, hvd, args, model, opt) -> dict:
 
 
 def _fault(args, rank: int, i: int) -> None:
-    """--fail-rank / --hang-rank: fail or hang this rank at step --fault-at-step (the launcher's tests)."""
+    """--fail-rank / --hang-rank / --kill-rank: fail, hang or SIGKILL this rank at step --fault-at-step (the
+    launcher's tests)."""
+    if i == args.fault_at_step and rank == args.kill_rank:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer would: no Python cleanup
     if i == args.fault_at_step and rank == args.fail_rank:
         raise RuntimeError(f"injected failure on rank {rank} at step {i} (--fail-rank)")
     if i == args.fault_at_step and rank == args.hang_rank:
@@ -278,12 +300,15 @@ def _fault(args, rank: int, i: int) -> None:
 class _Progress:
     """Rank 0's progress lines (PROGRESS_TAG + JSON) over the timed steps of both kinds, and its log.jsonl."""
 
-    def __init__(self, args, rank: int, total: int, lr_fn, opt):
+    def __init__(self, args, rank: int, total: int, lr_fn, opt, done: int = 0):
         self.args, self.on, self.total, self.lr_fn, self.opt = args, rank == 0, total, lr_fn, opt
-        self.every, self.done, self.lines, self.t0 = args.progress_every or args.steps, 0, [], time.perf_counter()
-        self.log = Path(args.checkpoint_dir) / "log.jsonl" if self.on and args.checkpoint_dir else None
+        self.every, self.done, self.lines, self.t0 = args.progress_every or args.steps, done, [], time.perf_counter()
+        self.log = Path(args.checkpoint) / "log.jsonl" if self.on and args.checkpoint else None
         if self.log:
             self.log.parent.mkdir(parents=True, exist_ok=True)
+            if done and self.log.is_file():  # a resumed run keeps the stopped one's lines up to its step
+                self.lines = [line + "\n" for line in self.log.read_text().splitlines()
+                              if line.strip() and json.loads(line)["step"] <= done]
 
     def step(self, kind: str, loss: float) -> None:
         self.done += 1
@@ -301,15 +326,18 @@ class _Progress:
             resultsfile.write_text(self.log, "".join(self.lines))
 
 
-def _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress) -> dict:
+def _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress, after_step=None) -> dict:
     """Run the blocks of plan; per kind of step its timed step times, CPU times and per-thread snapshots, and
-    the losses, the index of the last synced step's, each control block's checksum."""
+    the losses, the index of the last synced step's, each control block's checksum. after_step(): called after
+    each step; True stops the run there (run["stopped"])."""
     from labkit.base import rankstats
     times = {k: {"step": [], "cpu": [], "threads": []} for k in steps}
-    run = {"times": times, "losses": [], "main_loss_at": 0, "no_sync_checksums": []}
-    last_main = max(b for b, (kind, _, _) in enumerate(plan) if kind == "main")
+    run = {"times": times, "losses": [], "main_loss_at": 0, "no_sync_checksums": [], "stopped": False}
+    last_main = max((b for b, (kind, _, _) in enumerate(plan) if kind == "main"), default=-1)
     saved = None
     for b, (kind, n_steps, timed) in enumerate(plan):
+        if run["stopped"]:
+            break
         if kind == "main" and b > 0 and plan[b - 1][0] == "no_sync":
             broadcast()  # untimed: every synced block starts from equal weights, whatever the control did
         before = _thread_snapshot() if timed else None
@@ -326,6 +354,9 @@ def _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress)
                 times[kind]["step"].append(dt)
                 times[kind]["cpu"].append(dc)  # CPU seconds of all this rank's threads: work, not waiting for a core
                 progress.step(kind, loss)
+            if after_step is not None and after_step():
+                run["stopped"] = True
+                break
         if timed:
             times[kind]["threads"].append((before, _thread_snapshot()))
         if kind == "no_sync" and timed:  # before the next broadcast: each rank's own drift (the proof of no exchange)
@@ -339,26 +370,70 @@ def _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress)
 
 
 def _timing(args, t: dict, comm_tids, network_role: str) -> dict:
-    """One kind of step's timing fields of the rank result."""
+    """One kind of step's timing fields of the rank result. A resumed or stopped run may have timed fewer than
+    --steps steps: they are then one repeat; none at all gives NaN times and no repeats."""
     import numpy as np
 
     from labkit.base import rankstats
+    n = len(t["step"])
+    summary = (rankstats.summarize_times(t["step"], args.batch_size, min(args.steps, n)) if n else
+               {"images_per_sec": float("nan"), "images_per_sec_std": float("nan"), "images_per_sec_repeats": [],
+                "step_time_s": float("nan"), "step_time_mean_s": float("nan"), "step_time_p10_s": float("nan")})
     return {"step_times_s": [round(x, 6) for x in t["step"]],
-            "cpu_step_time_s": float(np.median(t["cpu"])), "cpu_step_times_s": [round(x, 6) for x in t["cpu"]],
-            "thread_cpu_ms_per_step": thread_cpu_over_blocks(t["threads"], comm_tids, len(t["step"]),
-                                                             network_role=network_role),
-            **rankstats.summarize_times(t["step"], args.batch_size, args.steps)}
+            "cpu_step_time_s": float(np.median(t["cpu"])) if n else float("nan"),
+            "cpu_step_times_s": [round(x, 6) for x in t["cpu"]],
+            "thread_cpu_ms_per_step": thread_cpu_over_blocks(t["threads"], comm_tids, n, network_role=network_role),
+            **summary}
+
+
+def remaining(plan, done: int) -> list:
+    """plan (schedule's blocks) without its first `done` steps: what a run resumed at step `done` still runs."""
+    out = []
+    for kind, n, timed in plan:
+        cut = min(n, done)
+        done -= cut
+        if n - cut:
+            out.append((kind, n - cut, timed))
+    return out
+
+
+class _Stop:
+    """SIGUSR1 or SIGTERM asks this rank to stop: after the current step, every rank learns whether any rank was
+    asked (one 4-byte allreduce), so all stop after the same step and rank 0 checkpoints it."""
+
+    SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+    def __init__(self):
+        self.asked = 0
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._ask)
+
+    def _ask(self, signum, frame):
+        self.asked = int(signum)
+
+    def agreed(self, tf, hvd) -> bool:
+        return bool(hvd.allreduce(tf.constant(float(self.asked)), op=hvd.Max, name="labkit_stop").numpy())
 
 
 def train(args) -> RankRecord:
     """This rank's training run, as its result dict (rank{R}.json; its schema: labkit.scale.records.RankRecord)."""
+    stop = _Stop() if args.checkpoint else None  # from here on SIGUSR1/SIGTERM asks for a checkpoint, not an end
     tf, hvd, threads, n_gpus, comm_tids = _setup(args)
     rank, size = hvd.rank(), hvd.size()
-    batches, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size)
+    plan = schedule(args.steps, args.repeats, args.warmup_steps, args.paired)
+    total = sum(n for _, n, _ in plan)
+    refusal, done = None, 0
+    if args.checkpoint:  # every rank reads the checkpoint's settings (a few bytes) and checks them, now
+        tf.config.experimental.enable_op_determinism()  # with the seeds below: the same run, bit for bit
+        refusal = ckpt.problem(args.checkpoint, _run_settings(args, size, total), args.resume)
+        done = 0 if refusal or not args.resume else ckpt.read_meta(args.checkpoint)["step"]
+    batches, data_name, n_total, n_mine, shape = _load_data(tf, args, rank, size, skip=done)
     from labkit import models
     from labkit.base import config, rankstats, training
     config.set_seed(args.seed + rank)  # different on purpose: the broadcast must make them equal
     model = models.get(args.model, input_shape=tuple(shape), classes=args.classes)
+    if args.checkpoint:
+        _refuse_on_every_rank(tf, hvd, refusal or (_space_problem(args, model) if rank == 0 else None))
     scale = float(size) if args.scale_lr else 1.0
     lr_fn = lambda step: training.warmup_lr(step, args.lr, scale, args.lr_warmup_steps)  # noqa: E731
     opt = tf.keras.optimizers.legacy.SGD(learning_rate=training.WarmupLR(args.lr, scale, args.lr_warmup_steps),
@@ -370,16 +445,35 @@ def train(args) -> RankRecord:
         hvd.broadcast_variables(opt.variables(), root_rank=0)
 
     opt._create_all_weights(model.trainable_variables)  # the slots exist before the first broadcast
-    broadcast()
-    plan = schedule(args.steps, args.repeats, args.warmup_steps, args.paired)
-    progress = _Progress(args, rank, sum(n for _, n, timed in plan if timed), lr_fn, opt)
-    run = _run_plan(args, rank, plan, steps, batches, broadcast, model, opt, progress)
+    state = (*model.variables, *opt.variables())  # weights, then the step counter (the LR's) and momentum slots
+    if done and rank == 0:
+        _restore(state, ckpt.read_arrays(args.checkpoint), args.checkpoint)
+    broadcast()  # a fresh run's rank-0 weights, or the checkpoint, on every rank
+    timed_done = sum(n for _, n, timed in plan if timed) - sum(n for _, n, timed in remaining(plan, done) if timed)
+    progress = _Progress(args, rank, sum(n for _, n, timed in plan if timed), lr_fn, opt, done=timed_done)
+    at = {"step": done}
+
+    def write_checkpoint():
+        ckpt.write(args.checkpoint, {**_run_settings(args, size, total), "step": at["step"]},
+                   [v.numpy() for v in state])
+
+    def after_step() -> bool:  # checkpoint mode: count, agree on a stop, checkpoint every N steps
+        at["step"] += 1
+        stopping = stop.agreed(tf, hvd)
+        if rank == 0 and not stopping and args.checkpoint_every and at["step"] % args.checkpoint_every == 0:
+            write_checkpoint()
+        return stopping
+
+    run = _run_plan(args, rank, remaining(plan, done), steps, batches, broadcast, model, opt, progress,
+                    after_step if args.checkpoint else None)
+    if rank == 0 and args.checkpoint:  # where the run stopped, or its end
+        write_checkpoint()
 
     controller = "mpi" if hvd.mpi_enabled() else "gloo"  # which one hvd.init chose (the launcher's)
     network_role = "mpi_events" if controller == "mpi" else "gloo_network"
-    losses, at = run["losses"], run["main_loss_at"]
+    losses, last = run["losses"], run["main_loss_at"]
     # metric averaging: one allreduce of the whole loss history at the end, not one per step
-    loss_avg = hvd.allreduce(tf.constant(losses, tf.float32), op=hvd.Average).numpy()
+    loss_avg = hvd.allreduce(tf.constant(losses, tf.float32), op=hvd.Average).numpy() if losses else []
     # what the optimizer trains: BatchNorm's moving mean/variance follow each rank's own shard (Horovod does
     # not average them), so they differ across ranks even when every trained weight agrees
     weights = [v.numpy() for v in model.trainable_weights]
@@ -397,7 +491,8 @@ def train(args) -> RankRecord:
         **_timing(args, run["times"]["main"], comm_tids, network_role),
         "loss_local": [round(v, 5) for v in losses], "loss_avg": [round(float(v), 5) for v in loss_avg],
         # the last synced step's (under --paired the last step run may be a control step)
-        "final_loss": float(loss_avg[at]), "final_loss_local": float(losses[at]),
+        "final_loss": float(loss_avg[last]) if losses else float("nan"),
+        "final_loss_local": float(losses[last]) if losses else float("nan"),
         "checksum": rankstats.weights_checksum(weights), "weight_sum": float(sum(abs(w).sum() for w in weights)),
         "grad_bytes": int(sum(4 * int(v.shape.num_elements()) for v in model.trainable_variables)),
         "grad_tensors": [4 * int(v.shape.num_elements()) for v in model.trainable_variables],
@@ -406,9 +501,50 @@ def train(args) -> RankRecord:
         checks = run["no_sync_checksums"]
         result["no_sync"] = {**_timing(args, run["times"]["no_sync"], comm_tids, network_role),
                              "checksums_after_block": checks, "checksum": checks[-1]}
-    if rank == 0 and args.checkpoint_dir:
-        _write_weights_whole(model, Path(args.checkpoint_dir) / "weights.h5")
+    if args.checkpoint:
+        result["checkpoint"] = {"step": at["step"], "total_steps": total, "resumed_from": done,
+                                "stopped": run["stopped"]}
+    if rank == 0 and args.checkpoint:
+        _write_weights_whole(model, Path(args.checkpoint) / "weights.h5")
     return result
+
+
+def _run_settings(args, size: int, total: int) -> dict:
+    """What a checkpoint of this run records and a resumed run must share (checkpoint.RUN_KEYS), and its steps."""
+    return {"model": args.model, "size": size, "batch_size": args.batch_size, "seed": args.seed, "data": args.data,
+            "num_examples": args.num_examples or num_examples_for(args.batch_size, size),
+            "image_size": args.image_size, "classes": args.classes, "lr": args.lr, "scale_lr": args.scale_lr,
+            "lr_warmup_steps": args.lr_warmup_steps, "momentum": args.momentum, "total_steps": total}
+
+
+def _space_problem(args, model) -> str | None:
+    """Rank 0: the checkpoint folder made, and room in it for a checkpoint, now; or the problem in one line."""
+    from labkit.base import resultsfile
+    try:
+        Path(args.checkpoint).mkdir(parents=True, exist_ok=True)
+        resultsfile.check_space(ckpt.path(args.checkpoint), ckpt.estimate_bytes(model.count_params()),
+                                "--checkpoint")
+    except (OSError, ValueError) as err:
+        return str(err) if str(err).startswith("--checkpoint") else f"--checkpoint: {err}"
+    return None
+
+
+def _refuse_on_every_rank(tf, hvd, problem: str | None) -> None:
+    """Before any training: where any rank found a problem, every rank exits 2 (the finder says it in one line)."""
+    if hvd.allreduce(tf.constant(1.0 if problem else 0.0), op=hvd.Max, name="labkit_refuse").numpy():
+        if problem:
+            print(f"hvd_train: error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def _restore(variables, arrays, folder) -> None:
+    """Rank 0: the checkpoint's arrays into the model's and optimizer's variables, in order."""
+    shapes = [tuple(v.shape) for v in variables]
+    if [tuple(a.shape) for a in arrays] != shapes:
+        raise ValueError(f"--resume: the checkpoint in {folder} holds {len(arrays)} arrays that do not fit this "
+                         f"model's {len(shapes)} variables")
+    for v, a in zip(variables, arrays):
+        v.assign(a)
 
 
 def _write_weights_whole(model, path: Path) -> None:

@@ -83,6 +83,14 @@ class NoSyncTiming(StepTiming):
     checksum: str
 
 
+class CheckpointState(TypedDict):
+    """--checkpoint: where this launch left the run (labkit.scale.checkpoint)."""
+    step: int  # steps trained in all, this launch's and the resumed ones'
+    total_steps: int  # the run's warm-up + steps x repeats
+    resumed_from: int  # the checkpoint's step this launch started at (0: a new run)
+    stopped: bool  # stopped early by SIGUSR1/SIGTERM, checkpointed there
+
+
 class RankRecord(StepTiming):
     """One rank's `rank{R}.json`, as labkit.scale.hvd_train writes it."""
     rank: int
@@ -123,6 +131,7 @@ class RankRecord(StepTiming):
     grad_bytes: int
     grad_tensors: list[int]
     no_sync: NotRequired[NoSyncTiming]
+    checkpoint: NotRequired[CheckpointState]
 
 
 def _type_problem(value, hint, where: str) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -56,6 +57,12 @@ def _bool(value, name: str) -> bool:
 
 def _optional(check):
     return lambda value, name: None if value is None else check(value, name)
+
+
+def _folder(value, name: str) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError(f"{name} must be a folder path; got {value!r}")
+    return str(value)
 
 
 def _model(value, name: str) -> str:
@@ -118,6 +125,17 @@ class RunSettings:
     sync: bool = _setting(True, _bool, "--no-sync",
                           help="control experiment: plain optimizer, no gradient allreduce (ranks drift apart)")
     seed: int = _setting(0, _int(0), "--seed", help="seed of the weights and the data order")
+    checkpoint: str | None = _setting(None, _optional(_folder), "--checkpoint", scale="--checkpoint", type=str,
+                                      help="folder where rank 0 keeps the run's checkpoint (weights, optimizer "
+                                           "state, step and data position; one launch, synced): written every "
+                                           "--checkpoint-every steps, when a worker gets SIGUSR1 or SIGTERM, and "
+                                           "at the end")
+    resume: bool = _setting(False, _bool, "--resume", scale="--resume",
+                            help="continue the run in --checkpoint from its step: every worker gets rank 0's "
+                                 "weights and optimizer state and skips the batches already trained")
+    checkpoint_every: int = _setting(0, _int(0), "--checkpoint-every", scale="--checkpoint-every",
+                                     help="with --checkpoint: write it every N steps too (0: on a signal and at "
+                                          "the end only)")
     launcher: str = _setting("auto", _choice(*LAUNCHERS), scale="--launcher", choices=LAUNCHERS,
                              help="how the ranks start: auto (mpirun where Horovod has MPI and every rank runs "
                                   "here, else horovodrun --gloo), gloo, mpi or srun")
@@ -160,6 +178,7 @@ class RunSettings:
         out = dataclasses.replace(self, **{f.name: f.metadata["check"](getattr(self, f.name), name(f.name))
                                            for f in dataclasses.fields(self) if f.metadata["check"]})
         _check_hosts(out.hosts, nps, name("hosts"))
+        _check_checkpoint(out, nps, name)
         bad = [n for n in nps if out.scaling == "strong" and out.batch_size % n]
         if bad:
             raise ValueError(f"strong scaling splits {name('batch_size')}={out.batch_size} over np={bad[0]}: "
@@ -224,6 +243,20 @@ def check_nps(nps, *, flags: bool = False) -> list[int]:
     """Worker counts as a list (one int is a list of one); ValueError naming nps (or --np) otherwise."""
     return check_ints([nps] if isinstance(nps, int) and not isinstance(nps, bool) else nps,
                       "--np" if flags else "nps", minimum=1)
+
+
+def _check_checkpoint(s: RunSettings, nps, name) -> None:
+    """--resume and --checkpoint-every need --checkpoint; a checkpoint holds one synced launch."""
+    for field, given in (("resume", s.resume), ("checkpoint_every", s.checkpoint_every)):
+        if given and s.checkpoint is None:
+            raise ValueError(f"{name(field)} needs {name('checkpoint')} (the folder of the run's checkpoint)")
+    if s.checkpoint is None:
+        return
+    if len(nps) != 1:
+        raise ValueError(f"{name('checkpoint')} keeps one run: give one worker count, not {list(nps)}")
+    if s.resume and not s.sync:
+        raise ValueError(f"sync must be True with {name('resume')}: without the exchange the workers' weights "
+                         "drift apart and rank 0's checkpoint alone cannot restore them")
 
 
 def _check_hosts(hosts, nps, name: str) -> None:
