@@ -25,8 +25,9 @@ FLOORS = {
     "sweep": 6,  # 05
     "transfer": 7,  # 06
     "deepdive": 8,  # 07
-    "widgets": 9, "exercises": 9,
-    "doctor": 10, "plan": 10, "cli": 10, "__main__": 11,
+    "cluster": 9,  # 08: builds on 04's launcher, beside nothing of 07's
+    "widgets": 10, "exercises": 10,
+    "doctor": 11, "plan": 11, "cli": 11, "__main__": 12,
 }
 
 

@@ -1,0 +1,11 @@
+"""Training on the cluster (08_training_on_the_cluster): what 04's throughput leaves out, measured on real workers.
+
+    tta_train   the script every Horovod rank runs: train to a target, validate on every rank's shard
+    tta         time to accuracy: launches per worker count, with and without LR scaling and warmup; the plot
+
+`__all__` names the library modules; tta_train is run by the ranks, not imported.
+Builds on labkit.scale (04: the launcher) and labkit.base (the warmup schedule, the one writer); nothing in labkit
+builds on it.
+"""
+
+__all__ = ["tta"]
