@@ -303,7 +303,7 @@ def efficiency(images_per_sec_1: float, images_per_sec_n: float, workers: int) -
         ("speedup", speedup, f"that is the speedup; efficiency divides it by the {workers} workers."),
         ("inverted", 1 / eff, "upside down: measured throughput over the ideal (n x one worker's)."),
         ("percent", 100 * eff, "right number as a percentage; give it as a fraction (0.85, not 85)."),
-    ], hint="efficiency = throughput(n) / (n x throughput(1)).",
+    ], hint="efficiency = speedup / n, the speedup being n workers' images/s over one worker's.",
         success=f"{images_per_sec_n:g} / ({workers} x {images_per_sec_1:g}) = {eff:.3f}.")
 
 

@@ -7,7 +7,7 @@ import shutil
 import sys
 
 import pytest
-from test_prose_numbers import NOTEBOOKS, NUMBER, NUMBERING, PENDING_REWRITE, _norm, prose, sentences, source
+from test_prose_numbers import NOTEBOOKS, NUMBER, NUMBERING, _norm, prose, sentences, source
 
 from labkit.base import observe, reference
 
@@ -67,16 +67,12 @@ def test_the_reference_file_is_what_the_committed_notebooks_give():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_no_reference_figure_is_typed_in_a_notebook(path, request):
-    if path.stem in PENDING_REWRITE:
-        request.applymarker(pytest.mark.xfail(reason="observations being rewritten this round", strict=False))
+def test_no_reference_figure_is_typed_in_a_notebook(path):
     assert not typed_references(_load(path)), f"{path.name}: reference figures come from the reference file"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_a_reference_machine_sentence_quotes_only_the_reference_file(path, request):
-    if path.stem in PENDING_REWRITE:
-        request.applymarker(pytest.mark.xfail(reason="prose being rewritten this round", strict=False))
+def test_a_reference_machine_sentence_quotes_only_the_reference_file(path):
     bad = unheld_reference_numbers(_load(path), path.stem, reference.load(reference.PATH))
     assert not bad, f"{path.name}: numbers said of the reference machine that the reference file does not hold:\n" + \
         "\n".join(bad)
