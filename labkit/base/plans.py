@@ -11,6 +11,8 @@ and labkit/plan.py hands them all to describe() for `labkit plan`. (04_horovod_s
     plans.fit_batch(64, 8, image_bytes, m)  # the batch, halved until 8 workers of it fit
     plans.say_if_short(lesson.experiments)  # one line when the lesson's largest run would not fit
     plans.run_device(2, 4)            # "gpu": where `labkit scale`'s workers go on a 4-GPU node ("cpu" for 8)
+    pace = plans.Pace(measured_s=180, planned_s=46, notebook="04")  # the first experiment, timed
+    rounds, why = pace.fit(2, "the comparison runs {n} round(s) instead of {full}")  # 1 round, and the line saying so
 
 Rules: worker counts are log-spaced (1, 2, 4, 8, ...); the full profile goes up to the whole node, minus the
 cores other programs keep busy (the load average; none counted where the system has no load average); no plan
@@ -19,11 +21,17 @@ capped by the memory, then the batch is halved (to 16 at least) until the larges
 minutes are estimates from the reference machine (2 cores): a TensorFlow worker takes ~400 MiB and ~10 s of CPU
 to start, plus twice its batch's activations (labkit.flops' count; the backward pass keeps them and their
 gradients).
+
+A plan counts the load once, before any launch; a shared or slow core shows only in how long the launches take.
+So a notebook times its first experiment against the plan's estimate for it on quiet cores of the same number
+(a Pace); when it ran more than ALLOWANCE times slower, each later experiment keeps ALLOWANCE / that share of its
+rounds, epochs or repeats, and the notebook prints one line saying what it cut and why. The reference machine runs
+the first experiment faster than planned: nothing is cut there and nothing printed.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 MiB = 2**20
 KERNEL_BYTES = 600 * MiB  # the notebook's own kernel with TensorFlow loaded
@@ -32,6 +40,7 @@ BACKWARD = 2  # the backward pass holds the activations and their gradients
 SMOKE_BATCH, MIN_BATCH = 16, 16
 START_CPU_S = 10.0  # CPU seconds for a TensorFlow worker to import and build its model
 PROFILES = ("quick", "workshop", "full")
+ALLOWANCE = 2.0  # times its planned minutes a notebook's launches may take before the later ones are cut (Pace)
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,56 @@ def launch_s(workers: int, m: Machine, work_s: float) -> float:
     """Seconds of one launch of `workers` TensorFlow processes: start-up and work_s of CPU each, slowed when
     they and the machine's load outnumber its cores."""
     return (START_CPU_S + work_s) * slowdown(workers, m)
+
+
+def quiet(m: Machine) -> Machine:
+    """m without other programs' load: what a Pace compares a measured launch with."""
+    return replace(m, load=0.0)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How this machine ran a notebook's first experiment: its measured seconds against the plan's estimate for
+    it on quiet cores of the same number (quiet(m)); later experiments fit() their sizes to it. The default
+    (nothing measured: the experiment was skipped) cuts nothing. (04_horovod_scaling)"""
+
+    measured_s: float = 0.0
+    planned_s: float = 1.0
+    notebook: str = "this notebook"  # the words after 'to keep': "04"
+
+    def __post_init__(self):
+        from labkit.base.checks import check_number
+        check_number(self.measured_s, "measured_s", minimum=0)
+        check_number(self.planned_s, "planned_s", above=0)
+
+    @property
+    def ratio(self) -> float:
+        """Measured over planned seconds: 1.0 as planned, 5.8 for a launch 5.8 times slower."""
+        return self.measured_s / self.planned_s
+
+    @property
+    def share(self) -> float:
+        """The share of its planned size a later experiment keeps: 1 while the ratio is within ALLOWANCE, else
+        ALLOWANCE / ratio (so that the later launches take about ALLOWANCE times their plan)."""
+        return 1.0 if self.ratio <= ALLOWANCE else ALLOWANCE / self.ratio
+
+    def fit(self, full: int, what: str, minimum: int = 1) -> tuple[int, str]:
+        """A later experiment's size (rounds, epochs, repeats: its time in proportion) for this pace, and the line
+        saying what was cut and why ('' when nothing was): full times share, rounded down, `minimum` at least (and
+        full at most). what: the cut, with {n} and {full} in it ("the comparison runs {n} round(s) instead of
+        {full}")."""
+        from labkit.base.checks import check_int
+        check_int(full, "full", minimum=0)
+        check_int(minimum, "minimum", minimum=0)
+        n = min(full, max(minimum, math.floor(full * self.share + 1e-9)))
+        if n == full:
+            return full, ""
+        return n, self.why(what.format(n=n, full=full))
+
+    def why(self, cut: str) -> str:
+        """The line a notebook prints for a cut: how much slower than planned the first launches ran, and the cut."""
+        return (f"The first launches ran {self.ratio:.1f}x slower than planned (a shared or slow core): {cut}, "
+                f"to keep {self.notebook} within its slot.")
 
 
 def shared(m: Machine) -> str:

@@ -5,6 +5,7 @@ for `labkit plan`. (04_horovod_scaling)
     plans.scaling_workers()   # 04's worker counts here, e.g. [1, 2] on 2 cores, [1, 2, 8] on 64
     plans.batch_size()        # images per worker per step: 64 (128 in full), less where memory is short
     plans.say_if_short()      # one line when 04's largest run would not fit in the free memory
+    pace = plans.pace(seconds, counts)  # how decompose's launches ran against the plan (labkit.base.plans.Pace)
 
 The quick and workshop profiles make a handful of launches on any machine (at most 3 worker counts, 6
 launches, 8 workers); the full profile goes up to the whole node (labkit.base.plans' rules); on 1 core the two
@@ -23,6 +24,7 @@ BATCH = {"quick": 64, "workshop": 64, "full": 128}  # 04's and 07's images per w
 ROUNDS = {"quick": 0, "workshop": 2, "full": 3}  # 04's and 07's Gloo vs MPI rounds (their CONTROLLER_ROUNDS)
 TRAIN_CPU_S = {"quick": 0.5, "workshop": 2.0, "full": 150.0}  # one worker's timed + warm-up steps, one launch
 WORKSHOP_MAX_WORKERS, WORKSHOP_MAX_COUNTS = 8, 3
+AS_PLANNED = base.Pace(notebook="04")  # 04's pace before (or without) its first experiment: nothing is cut
 
 
 def worker_bytes(model: str, batch: int) -> int:
@@ -53,6 +55,13 @@ def batch_size(profile: str | None = None, m: Machine | None = None, workers: in
     return base.fit_batch(batch, workers, IMAGE_BYTES[MODEL[profile]], m)
 
 
+def where_s(counts, profile: str, m: Machine) -> float:
+    """The plan's seconds for 04's first experiment (localscale.decompose: a 2 s GEMM probe and a paired launch
+    per worker count) on m."""
+    work = 2 * TRAIN_CPU_S[profile]
+    return sum(2.0 + base.launch_s(n, m, work) for n in counts)
+
+
 def experiments(profile: str, m: Machine) -> list:
     """04: the GEMM probe and training per worker count, then the 2-worker sync run and Gloo vs MPI rounds."""
     counts, work = scaling_workers(profile, m), 2 * TRAIN_CPU_S[profile]
@@ -61,9 +70,19 @@ def experiments(profile: str, m: Machine) -> list:
     pairs = 1 + 2 * ROUNDS[profile]
     return [Experiment("04_horovod_scaling", "where the time goes: GEMM probe + training, per worker count",
                        tuple(counts), 2 * len(counts), max(counts), KERNEL_BYTES + max(counts) * worker,
-                       sum(2.0 + base.launch_s(n, m, work) for n in counts) / 60, base.shared(m), batch),
+                       where_s(counts, profile, m) / 60, base.shared(m), batch),
             Experiment("04_horovod_scaling", "sync run + Gloo vs tuned MPI", (2,), pairs, 2,
                        KERNEL_BYTES + 2 * worker, pairs * base.launch_s(2, m, work) / 60, base.shared(m), batch)]
+
+
+def pace(measured_s: float, counts, profile: str | None = None, m: Machine | None = None) -> base.Pace:
+    """How 04's first experiment ran here: measured_s, the seconds localscale.decompose took over the worker
+    counts, against the plan's seconds for them on quiet cores of m's number (default: here). The later
+    experiments fit their rounds and epochs to it. (04_horovod_scaling)"""
+    from labkit.base.checks import check_ints
+    profile, m = base.resolve(profile, m)
+    counts = sorted(set(check_ints(counts, "counts", minimum=1)) | {1})  # decompose adds the one-worker baseline
+    return base.Pace(measured_s, where_s(counts, profile, base.quiet(m)), "04")
 
 
 def say_if_short() -> None:

@@ -254,3 +254,55 @@ def test_an_odd_machine_setting_is_one_line_from_labkit_plan(monkeypatch, capsys
         err = capsys.readouterr().err
         assert err.startswith(f"labkit plan: {var} must be") and err.count("\n") == 1, err
         monkeypatch.delenv(var)
+
+
+# --- the pace: a notebook's first experiment timed against its plan, the later ones fitted to it ---------------
+def test_the_first_experiments_plan_is_for_quiet_cores_of_the_same_number():
+    # 1 core: (10 s start + 4 s of work) for one worker, twice that for two sharing the core, a 2 s probe each
+    assert scale_plans.pace(46.0, [1, 2], "workshop", Machine(1, 2 * GiB)).planned_s == pytest.approx(46.0)
+    # the load counted once at the start does not move the estimate a pace is measured against
+    loaded = scale_plans.pace(46.0, [2], "workshop", Machine(1, 2 * GiB, load=4.0))  # decompose adds 1 worker
+    assert loaded.planned_s == pytest.approx(46.0) and loaded.ratio == pytest.approx(1.0)
+    # 2 quiet cores: the two workers have a core each, (2 + 14) s per count
+    assert scale_plans.pace(25.0, [1, 2], "workshop", Machine(2, 4 * GiB)).planned_s == pytest.approx(32.0)
+
+
+def test_the_reference_machine_cuts_nothing_and_prints_nothing():
+    pace = scale_plans.pace(25.2, [1, 2], "workshop", Machine(2, 4 * GiB))  # its committed run: 25.2 s
+    assert pace.ratio < 1 and pace.share == 1.0
+    assert pace.fit(2, "{n} of {full} rounds", minimum=0) == (2, "")
+    assert pace.fit(6, "{n} of {full} epochs", minimum=2) == (6, "")
+    assert scale_plans.AS_PLANNED.fit(2, "{n} of {full} rounds", minimum=0) == (2, "")  # nothing measured
+
+
+def test_a_shared_core_cuts_the_later_experiments_and_says_so():
+    # a 1-CPU box shared with a busy process: the first experiment took 300 s against the plan's 46 s
+    pace = scale_plans.pace(300.0, [1, 2], "workshop", Machine(1, 1536 * 2**20, load=4.0))
+    assert pace.ratio == pytest.approx(300 / 46)
+    assert pace.share == pytest.approx(plans.ALLOWANCE * 46 / 300)  # the later runs take ~ALLOWANCE x their plan
+    rounds, why = pace.fit(2, "the comparison runs {n} of its {full} rounds here", minimum=0)
+    assert rounds == 0  # 2 x 0.31, rounded down
+    assert why == ("The first launches ran 6.5x slower than planned (a shared or slow core): the comparison runs "
+                   "0 of its 2 rounds here, to keep 04 within its slot.")
+    epochs, why = pace.fit(6, "the curves train {n} of their {full} epochs", minimum=2)
+    assert epochs == 2 and "train 2 of their 6 epochs" in why  # 6 x 0.31 = 1.8: the minimum
+    assert pace.fit(1, "{n} of {full} epochs", minimum=2) == (1, "")  # the minimum never grows a size
+
+
+@pytest.mark.parametrize("ratio, rounds, epochs", [(1.0, 2, 6), (2.0, 2, 6), (2.5, 1, 4), (3.0, 1, 4), (4.0, 1, 3),
+                                                   (6.0, 0, 2), (40.0, 0, 2)])
+def test_sizes_shrink_as_the_first_experiment_slows(ratio, rounds, epochs):
+    pace = plans.Pace(ratio * 10.0, 10.0, "04")
+    assert pace.fit(2, "{n}", minimum=0)[0] == rounds
+    assert pace.fit(6, "{n}", minimum=2)[0] == epochs
+
+
+@pytest.mark.parametrize("call, name", [(lambda: plans.Pace(-1.0, 10.0), "measured_s"),
+                                        (lambda: plans.Pace(1.0, 0.0), "planned_s"),
+                                        (lambda: plans.Pace(1.0, float("nan")), "planned_s"),
+                                        (lambda: plans.Pace().fit(-1, "{n}"), "full"),
+                                        (lambda: plans.Pace().fit(2, "{n}", minimum=-1), "minimum"),
+                                        (lambda: scale_plans.pace(1.0, [], "workshop", Machine(2, GiB)), "counts")])
+def test_a_bad_pace_is_one_line_naming_it(call, name):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        call()
