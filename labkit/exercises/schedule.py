@@ -44,7 +44,8 @@ class Schedule:
     after: str  # what happens to the notebooks in no slot
 
 
-# About six 60-minute slots; 07 (the deep dive after 04) is read self-paced, or shown by the instructor as time allows
+# About six 60-minute slots; 07 (the deep dive after 04) is read self-paced, or shown by the instructor as time allows;
+# 08 (time to accuracy, after 07) is self-paced
 DAY = Schedule("one day", (
     Block("slot 1", 60, ("00", "01")),
     Block("break", 15),
