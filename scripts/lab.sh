@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Start JupyterLab on the course, bound to 127.0.0.1 with a token (never an open server).
 #
-#   scripts/lab.sh [--port N] [--no-browser]    (make lab runs setup first, then this; --port 0: any free port)
+#   scripts/lab.sh [--port N] [--no-browser] [--where]   (make lab runs setup first, then this; --port 0: any
+#                                                          free port; --where: print the folder served, and stop)
 #
+# A course installed read-only (one shared copy on an HPC file system): the notebooks are copied into the
+# learner's own folder first ($LABKIT_WORKDIR, else the current folder, else ~/labkit-work; never over a copy
+# already there) and JupyterLab serves that folder (labkit.base.workdir.lab_folder holds the rule).
 # The token is $JUPYTER_TOKEN if set, else a fresh random one. It reaches the server through its
 # environment only (a command line is visible to every user in `ps`), and scripts/jupyter/
 # jupyter_server_config.py removes it from the server's environment so kernels never inherit it.
@@ -13,7 +17,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${LABKIT_VENV:-$here/.venv}"
 [ -x "$venv/bin/jupyter" ] || { echo "lab: $venv has no JupyterLab; run: make lab" >&2; exit 2; }
-port=8888; browser=()
+port=8888; browser=(); where=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --port)
@@ -24,9 +28,13 @@ while [ $# -gt 0 ]; do
         || { echo "lab: --port must be 1-65535 (0: any free port), got $2" >&2; exit 2; }
       port="$((10#$2))"; shift 2 ;;
     --no-browser) browser=(--no-browser); shift ;;
-    *) echo "lab: unknown option $1 (expected --port N, --no-browser)" >&2; exit 2 ;;
+    --where) where=1; shift ;;
+    *) echo "lab: unknown option $1 (expected --port N, --no-browser, --where)" >&2; exit 2 ;;
   esac
 done
+# the folder served: the course, or (read-only course) the learner's folder with the notebooks copied into it
+serve="$("$venv/bin/python" -m labkit.base.workdir --lab)" || exit 2
+if [ "$where" = 1 ]; then printf '%s\n' "$serve"; exit 0; fi
 # The port is claimed here, before the server starts, so the URL printed is the one it listens on:
 # 0 becomes a free port the system picks; a busy one is refused with the way out.
 port="$("$venv/bin/python" - "$port" <<'PY'
@@ -56,8 +64,8 @@ if [ ${#browser[@]} -gt 0 ]; then
     echo "lab: serving http://127.0.0.1:$port/lab ; the URL with its token: $venv/bin/jupyter server list"
   fi
 fi
-cd "$here"
+cd "$serve"
 exec "$venv/bin/jupyter" lab notebooks/00_welcome.ipynb \
   --ServerApp.ip=127.0.0.1 --ServerApp.port="$port" --ServerApp.port_retries=0 \
-  --ServerApp.root_dir="$here" --ServerApp.allow_remote_access=False \
+  --ServerApp.root_dir="$serve" --ServerApp.allow_remote_access=False \
   ${browser[@]+"${browser[@]}"} ${root[@]+"${root[@]}"}

@@ -99,6 +99,58 @@ def find(name) -> Path:
     return mine if mine.exists() else path
 
 
+def _copy_missing(source: Path, target: Path) -> tuple[int, int]:
+    """Copy source's files into target, keeping the tree; a file already in target is left as it is (the
+    learner's copy). Returns (copied, kept)."""
+    from labkit.base import resultsfile
+    copied = kept = 0
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source)
+        if not path.is_file() or any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+            continue  # checkpoints, caches and hidden files are not the course
+        dest = target / rel
+        if os.path.lexists(dest):
+            kept += 1
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        resultsfile.write_bytes(dest, path.read_bytes(), follow_symlinks=False)
+        copied += 1
+    return copied, kept
+
+
+def lab_folder(*, course: Path | None = None, say=print) -> Path:
+    """The folder JupyterLab serves (scripts/lab.sh), holding notebooks/: the course itself when its notebooks
+    folder is writable; else workdir(), into which the course's notebooks/ (results/ with it) is copied first,
+    never over a copy the learner already has there; say() gets one line saying so. (00_welcome)"""
+    course = COURSE_ROOT if course is None else Path(course)
+    notebooks = course / "notebooks"
+    if not notebooks.is_dir():
+        raise ValueError(f"course {course} has no notebooks/ folder; run lab from the course's own scripts/")
+    if _writable(notebooks):
+        return course
+    target = workdir(say=lambda line: None)
+    copied, kept = _copy_missing(notebooks, target / "notebooks")
+    mine = f"; {kept} file(s) already there kept as you left them" if kept else ""
+    say(f"the course is installed read-only: its notebooks are in {shown(target / 'notebooks')} for you to edit "
+        f"({copied} file(s) copied{mine}; {ENV} chooses another folder)")
+    return target
+
+
+def _main(argv: list[str]) -> int:
+    """`python -m labkit.base.workdir [--lab]`: print workdir() (or lab_folder()); its line goes to stderr."""
+    import sys
+
+    def say(line):
+        print(f"lab: {line}", file=sys.stderr)
+
+    try:
+        print(lab_folder(say=say) if argv == ["--lab"] else workdir(say=say))
+    except ValueError as err:
+        say(str(err))
+        return 2
+    return 0
+
+
 if __name__ == "__main__":  # scripts/lab.sh asks for the folder here: one home for the rule
     import sys
-    print(workdir(say=lambda line: print(f"lab: {line}", file=sys.stderr)))
+    sys.exit(_main(sys.argv[1:]))

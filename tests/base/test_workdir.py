@@ -115,3 +115,59 @@ def test_shown_and_find(course, monkeypatch):
     assert workdir.find("missing.py") == Path("missing.py")
     monkeypatch.chdir(home)
     assert workdir.shown(mine) == os.path.join("labkit-work", "my_keras_hvd.py")
+
+
+def _course_files(root: Path):
+    """A course's notebooks folder: two notebooks, results/ beside them, and a checkpoint that is not the course."""
+    nb = root / "notebooks"
+    (nb / "00_welcome.ipynb").write_text('{"cells": []}\n')
+    (nb / "01_cnn_basics.ipynb").write_text('{"cells": [1]}\n')
+    (nb / "results").mkdir()
+    (nb / "results" / "reference.json").write_text("{}\n")
+    (nb / ".ipynb_checkpoints").mkdir()
+    (nb / ".ipynb_checkpoints" / "00_welcome-checkpoint.ipynb").write_text("old\n")
+
+
+def test_lab_serves_a_writable_course_itself(course, monkeypatch):
+    root, home = course
+    _course_files(root)
+    said = []
+    assert workdir.lab_folder(course=root, say=said.append) == root
+    assert said == [] and not (home / workdir.HOME_FOLDER).exists()
+
+
+def test_lab_on_a_read_only_course_copies_the_notebooks_and_keeps_the_learners(course, monkeypatch):
+    """Read-only course: the notebooks and results/ are copied into ~/labkit-work/notebooks (checkpoints not), one
+    line says so; a second start copies what is missing and leaves the learner's edited notebook as it is."""
+    root, home = course
+    _course_files(root)
+    read_only(monkeypatch, root)
+    monkeypatch.chdir(root / "notebooks")
+    said = []
+    served = workdir.lab_folder(course=root, say=said.append)
+    mine = home / workdir.HOME_FOLDER / "notebooks"
+    assert served == home / workdir.HOME_FOLDER
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*") if p.is_file()) == [
+        "00_welcome.ipynb", "01_cnn_basics.ipynb", os.path.join("results", "reference.json")]
+    assert len(said) == 1 and "~/labkit-work/notebooks" in said[0] and "read-only" in said[0], said
+    (mine / "01_cnn_basics.ipynb").write_text("my answers\n")
+    (mine / "00_welcome.ipynb").unlink()
+    said.clear()
+    assert workdir.lab_folder(course=root, say=said.append) == served
+    assert (mine / "01_cnn_basics.ipynb").read_text() == "my answers\n"
+    assert (mine / "00_welcome.ipynb").read_text() == '{"cells": []}\n'
+    assert len(said) == 1 and "1 file(s) copied" in said[0] and "2 file(s) already there kept" in said[0], said
+
+
+def test_lab_on_a_read_only_course_uses_labkit_workdir(course, tmp_path, monkeypatch):
+    root, _ = course
+    _course_files(root)
+    read_only(monkeypatch, root)
+    monkeypatch.setenv(workdir.ENV, str(tmp_path / "mine"))
+    assert workdir.lab_folder(course=root, say=lambda line: None) == tmp_path / "mine"
+    assert (tmp_path / "mine" / "notebooks" / "00_welcome.ipynb").is_file()
+
+
+def test_lab_without_notebooks_folder_is_named(course, tmp_path):
+    with pytest.raises(ValueError, match="notebooks/"):
+        workdir.lab_folder(course=tmp_path / "nowhere", say=lambda line: None)
