@@ -189,12 +189,28 @@ def _load_batch(path: Path, files=None):
     return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels
 
 
-def _read_batches(batches: Path, files=None):
-    parts = [_load_batch(batches / f"data_batch_{i}", files) for i in range(1, 6)]
-    x_train = np.concatenate([p[0] for p in parts])
-    y_train = np.concatenate([p[1] for p in parts]).reshape(-1, 1)
-    x_test, y_test = _load_batch(batches / "test_batch", files)
-    return (x_train, y_train), (x_test, y_test.reshape(-1, 1))
+def _first_rows(paths: list[Path], n: int | None, files=None):
+    """The first n images and labels (all when n is None) of these batch files read in order, each verified;
+    a batch past the first n rows is not read. Returns fresh arrays, not views into a parsed batch, so nothing
+    beyond the n images stays in memory."""
+    xs, ys, have = [np.zeros((0, 32, 32, 3), np.uint8)], [np.zeros((0,), np.uint8)], 0
+    for path in paths:
+        if n is not None and have >= n:
+            break
+        x, y = _load_batch(path, files)
+        keep = len(x) if n is None else min(len(x), n - have)
+        xs.append(np.ascontiguousarray(x[:keep])), ys.append(y[:keep].copy())
+        have += keep
+        del x, y
+    return (xs[1], ys[1]) if len(xs) == 2 else (np.concatenate(xs), np.concatenate(ys))
+
+
+def _read_batches(batches: Path, files=None, n_train: int | None = None, n_test: int | None = None):
+    """(x_train, y_train), (x_test, y_test) from the extracted folder: the first n_train / n_test of each split
+    (all when None), reading only the batches those rows are in."""
+    x_train, y_train = _first_rows([batches / f"data_batch_{i}" for i in range(1, 6)], n_train, files)
+    x_test, y_test = _first_rows([batches / "test_batch"], n_test, files)
+    return (x_train, y_train.reshape(-1, 1)), (x_test, y_test.reshape(-1, 1))
 
 
 def _extract(archive: Path, expected_md5: str | None = None) -> Path:
@@ -225,8 +241,11 @@ def _extract(archive: Path, expected_md5: str | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_cifar10(data_dir=None, *, download: bool = True):
+def load_cifar10(data_dir=None, *, download: bool = True, n_train: int | None = None, n_test: int | None = None):
     """CIFAR-10 as Keras returns it: (x_train, y_train), (x_test, y_test), uint8 NHWC images, (N, 1) labels.
+
+    n_train / n_test: only the first images of each split (all when None); only the batch files holding them
+    are read (each checked against its MD5 first), so a 10,000-image subset costs one batch, not all six.
 
     Looks in data_dir, $LABKIT_DATA, the Keras cache (extracted folder first, then a verified archive);
     otherwise downloads into data_dir (or $LABKIT_DATA) with keras.utils.get_file when download=True.
@@ -243,7 +262,7 @@ def load_cifar10(data_dir=None, *, download: bool = True):
                     + ". Fix: `labkit data fetch cifar10 --dir DIR` (needs internet), then export LABKIT_DATA=DIR.")
             archive = fetch_cifar10(data_dir)
         batches = _extract(archive)
-    return _read_batches(batches)
+    return _read_batches(batches, n_train=n_train, n_test=n_test)
 
 
 def _writable_dir(target: Path) -> Path:

@@ -20,6 +20,7 @@ import numpy as np
 from labkit.base import config
 from labkit.base.checks import check_int
 from labkit.base.pixels import MEAN, STD, normalize  # noqa: F401  (labkit.data is where notebooks look for them)
+from labkit.data import cifar10 as _disk  # its checksum table, as it is now (tests swap in a fixture's)
 from labkit.data.cifar10 import (  # noqa: F401  (re-exported: labkit.data is where notebooks look for them)
     _ARCHIVE_NAMES,
     CIFAR10_ARCHIVE,
@@ -147,10 +148,18 @@ def random_batch(batch_size, image_size=224, classes=1000, seed=0):
 
 
 def default_sizes(name: str) -> tuple[int, int]:
-    """(n_train, n_test) the active profile uses: small in quick, all of CIFAR-10 in full."""
-    full = (50000, 10000)
-    return config.by_profile(quick=(5000, 1000), workshop=(10000, 2000) if name == "synthetic" else full,
-                             full=full, smoke=(1000, 500))
+    """(n_train, n_test) the active profile uses for data set `name` ('cifar10' or 'synthetic'). (01_cnn_basics)
+
+    The rule: a profile's slot is set by images x epochs, and an image costs the same on either set (32x32x3
+    through the same networks), so quick and workshop take the same counts from CIFAR-10 as from the offline set
+    (workshop: 10,000 train / 2,000 test, its first images; real, checksum-verified) and fit the same minutes and
+    memory; only the full profile, the sources' own run, takes all of CIFAR-10 (50,000 / 10,000). 06 loads these
+    sizes; 01 and 05 ask for their own (labkit.models.recipes, NetworkTrainer.for_profile), alike for both sets.
+    Only the batch files holding the images asked for are read (load_cifar10), so memory follows the count too.
+    """
+    if name not in ("cifar10", "synthetic"):
+        raise ValueError(f"name must be 'cifar10' or 'synthetic'; got {name!r}")
+    return config.by_profile(quick=(5000, 1000), workshop=(10000, 2000), full=(50000, 10000), smoke=(1000, 500))
 
 
 def load_dataset(name=None, *, n_train=None, n_test=None, data_dir=None, seed=0, download=False):
@@ -169,9 +178,14 @@ def load_dataset(name=None, *, n_train=None, n_test=None, data_dir=None, seed=0,
     n_test = d_test if n_test is None else n_test
     n_train, n_test = check_int(n_train, "n_train", minimum=1), check_int(n_test, "n_test", minimum=1)
     if name == "cifar10":
-        (x_train, y_train), (x_test, y_test) = load_cifar10(data_dir, download=download)
+        # only the batches holding the first n_train / n_test images are read: the rest never reach memory
+        (x_train, y_train), (x_test, y_test) = load_cifar10(data_dir, download=download, n_train=n_train,
+                                                            n_test=n_test)
         source, classes, note = config.shown_path(find_cifar10(data_dir) or "download"), CIFAR10_CLASSES, ""
-        x_train, y_train, x_test, y_test = x_train[:n_train], y_train[:n_train], x_test[:n_test], y_test[:n_test]
+        whole = sum(rows for name, (_, rows) in _disk.CIFAR10_FILES.items() if name != "test_batch")
+        if len(x_train) < whole:
+            note = (f"The first {len(x_train):,} of CIFAR-10's {whole:,} training images: this profile's size, "
+                    "which fits the session's time and memory (LABKIT_PROFILE=full uses all of them).")
     else:
         (x_train, y_train), (x_test, y_test) = synthetic(n_train, n_test, seed)
         source, classes = f"labkit.data.synthetic(seed={seed})", SYNTHETIC_CLASSES

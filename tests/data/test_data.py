@@ -225,6 +225,51 @@ def test_load_dataset_prefers_cifar10_when_present(isolated, monkeypatch):
     assert x.shape == (10, 32, 32, 3) and y.shape == (10,) and xt.shape == (5, 32, 32, 3)
 
 
+@pytest.mark.parametrize("profile", ["quick", "workshop"])
+def test_a_session_profile_takes_as_many_cifar10_images_as_offline_ones(monkeypatch, profile):
+    """Images x epochs set a profile's minutes and memory, and an image costs the same on either set: quick and
+    workshop take the same counts from CIFAR-10 as from the offline set; full takes all of CIFAR-10."""
+    monkeypatch.setenv("LABKIT_PROFILE", profile)
+    monkeypatch.delenv("LABKIT_SMOKE", raising=False)
+    assert data.default_sizes("cifar10") == data.default_sizes("synthetic")
+    assert data.default_sizes("cifar10")[0] < 50000
+    monkeypatch.setenv("LABKIT_PROFILE", "full")
+    assert data.default_sizes("cifar10") == (50000, 10000)
+    with pytest.raises(ValueError, match="name"):
+        data.default_sizes("mnist")
+
+
+def test_workshop_reads_only_the_cifar10_batches_it_uses(isolated, monkeypatch):
+    """CIFAR-10 larger than the workshop's 10,000 images (here 5 x 2,500 train, 2,500 test): load_dataset() keeps
+    the first 10,000 / 2,000, reads data_batch_1..4 and the test batch only, each checked against its MD5, and
+    keeps no view into a larger array (the rest never stays in memory); info says which part it is."""
+    monkeypatch.setenv("LABKIT_PROFILE", "workshop")
+    monkeypatch.delenv("LABKIT_SMOKE", raising=False)
+    folder = isolated / "labkit_data" / data.CIFAR10_DIRNAME
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (15000, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, 15000).astype(np.uint8)
+    for i in range(5):
+        s = slice(i * 2500, (i + 1) * 2500)
+        _write_batch(folder / f"data_batch_{i + 1}", images[s], labels[s], b"training batch")
+    _write_batch(folder / "test_batch", images[12500:], labels[12500:], b"testing batch 1 of 1")
+    trust(monkeypatch, folder)
+    read = []
+    real_load = cifar10._load_batch
+    monkeypatch.setattr(cifar10, "_load_batch", lambda path, files=None: read.append(path.name) or real_load(
+        path, files))
+    (x, y), (xt, yt), info = data.load_dataset()
+    assert info.name == "cifar10" and (len(x), len(xt)) == data.default_sizes("synthetic") == (10000, 2000)
+    np.testing.assert_array_equal(x, images[:10000])
+    np.testing.assert_array_equal(y, labels[:10000])
+    np.testing.assert_array_equal(xt, images[12500:14500])
+    assert read == ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "test_batch"]
+    for a in (x, xt):
+        assert a.base is None or a.base.nbytes == a.nbytes, "a view into more images than were asked for"
+    assert "first 10,000 of CIFAR-10's 12,500 training images" in str(info)
+
+
 @pytest.mark.parametrize("kwargs, word", [({"name": "mnist"}, "name"), ({"n_train": 0}, "n_train"),
                                           ({"n_test": -1}, "n_test")])
 def test_load_dataset_bad_input_names_the_parameter(isolated, kwargs, word):
