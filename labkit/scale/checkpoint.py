@@ -94,3 +94,19 @@ def problem(folder, run: dict, resume: bool) -> str | None:
 def estimate_bytes(params: int, slots: int = 1) -> int:
     """A checkpoint's size on disk: the weights and the optimizer's slots (float32), plus room for its header."""
     return 4 * params * (1 + slots) + 64 * 1024
+
+
+def status(folder) -> str:
+    """'none' (no checkpoint in folder), 'stopped' (a run to resume) or 'done' (its last step is in it)."""
+    meta = read_meta(folder)
+    return "none" if meta is None else "done" if meta["step"] >= meta["total_steps"] else "stopped"
+
+
+if __name__ == "__main__":  # `python -m labkit.scale.checkpoint DIR`: its status, for job scripts (hpc/)
+    import sys
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m labkit.scale.checkpoint DIR (prints none, stopped or done)")
+    try:
+        print(status(sys.argv[1]))
+    except ValueError as err:
+        sys.exit(f"labkit.scale.checkpoint: {err}")

@@ -24,6 +24,14 @@ import typing
 from typing import NotRequired, TypedDict
 
 
+class CheckpointState(TypedDict):
+    """--checkpoint: where this launch left the run (labkit.scale.checkpoint)."""
+    step: int  # steps trained in all, this launch's and the resumed ones'
+    total_steps: int  # the run's warm-up + steps x repeats
+    resumed_from: int  # the checkpoint's step this launch started at (0: a new run)
+    stopped: bool  # stopped early by SIGUSR1/SIGTERM, checkpointed there
+
+
 class ScaleRun(TypedDict):
     """One worker count's row of the `labkit scale --json` document."""
     np: int
@@ -61,6 +69,7 @@ class ScaleDocument(TypedDict):
     threads_per_worker: NotRequired[int]
     paired: NotRequired[bool]
     without_exchange: NotRequired[list[ScaleRun]]  # --paired: the same launches' exchange-free blocks
+    checkpoint: NotRequired[CheckpointState]  # --checkpoint: where the run stands
 
 
 class StepTiming(TypedDict):
@@ -81,14 +90,6 @@ class NoSyncTiming(StepTiming):
     """--paired: the exchange-free control's timing, each of its blocks' checksums and the last one."""
     checksums_after_block: list[str]
     checksum: str
-
-
-class CheckpointState(TypedDict):
-    """--checkpoint: where this launch left the run (labkit.scale.checkpoint)."""
-    step: int  # steps trained in all, this launch's and the resumed ones'
-    total_steps: int  # the run's warm-up + steps x repeats
-    resumed_from: int  # the checkpoint's step this launch started at (0: a new run)
-    stopped: bool  # stopped early by SIGUSR1/SIGTERM, checkpointed there
 
 
 class RankRecord(StepTiming):

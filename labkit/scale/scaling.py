@@ -40,6 +40,7 @@ from labkit.scale.settings import (  # noqa: F401  (check_model, model_names: al
     model_names,
 )
 
+STOPPED = 75  # `labkit scale --checkpoint`'s exit status when a signal stopped the run at a checkpoint (EX_TEMPFAIL)
 JSON_OWN = resultsfile.json_document("runs")  # what --json holds (records.ScaleDocument): no other file replaced
 
 
@@ -53,11 +54,12 @@ def summarize(ranks: list[dict]) -> dict:
     per_repeat = np.sum([r["images_per_sec_repeats"] for r in ranks], axis=0)
     checks = [r["checksum"] for r in ranks]
     r0 = ranks[0]
+    mean = float(per_repeat.mean()) if per_repeat.size else float("nan")  # a --checkpoint launch stopped early
     return {
         "np": r0["size"], "batch_size": r0["batch_size"], "global_batch_size": r0["global_batch_size"],
-        "images_per_sec": float(per_repeat.mean()),
+        "images_per_sec": mean,
         "images_per_sec_std": float(per_repeat.std(ddof=1)) if per_repeat.size > 1 else 0.0,
-        "images_per_sec_per_rank": float(per_repeat.mean()) / r0["size"],
+        "images_per_sec_per_rank": mean / r0["size"],
         "step_time_s": float(np.median([r["step_time_s"] for r in ranks])),
         "cpu_step_time_s": float(np.median([r.get("cpu_step_time_s", np.nan) for r in ranks])),
         # a synchronous step ends when the slowest rank's does: the max over ranks
@@ -374,18 +376,71 @@ def _check_args(a, settings: RunSettings) -> RunSettings:
             raise ValueError(f"--hosts: {problem}")
     for n in a.nps:  # every launch must fit; under strong scaling a rank's batch shrinks with n
         check_memory(s.model, max(1, s.per_rank_batch(n)), ranks_per_host(s.hosts, n))
+    if s.checkpoint is not None:
+        _check_checkpoint(a, s)
     return s
+
+
+def _check_checkpoint(a, s: RunSettings) -> None:
+    """--checkpoint: one launch, not --paired; the folder's checkpoint fits this run (or --resume finds one);
+    room for it now. The ranks check the same again (hvd_train), this is the refusal before any launch."""
+    from labkit.scale import checkpoint
+    if a.paired:
+        raise ValueError("--checkpoint cannot be combined with --paired: it keeps one schedule of synced steps")
+    n = a.nps[0]
+    batch = s.per_rank_batch(n)
+    run = {"model": s.model, "size": n, "batch_size": batch, "seed": s.seed, "data": s.data,
+           "num_examples": s.num_examples or settings.num_examples_for(batch, n), "lr": s.lr, "scale_lr": s.scale_lr,
+           "lr_warmup_steps": s.lr_warmup_steps, "total_steps": s.warmup_steps + s.steps * s.repeats}
+    problem = checkpoint.problem(s.checkpoint, run, s.resume)
+    if problem:
+        raise ValueError(problem)
+    try:
+        Path(s.checkpoint).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--checkpoint: cannot make the folder {s.checkpoint} ({err.strerror or err})") from None
+    resultsfile.check_space(checkpoint.path(s.checkpoint), _child_bytes(s.model)[1], "--checkpoint")
+
+
+def _ask_ranks_to_checkpoint() -> int:
+    """SIGUSR1 to every rank this process started (hvd_train's processes among its descendants): they agree to
+    stop after the current step, rank 0 checkpoints, all exit cleanly. The number of ranks asked."""
+    import psutil
+
+    from labkit.scale.launch import WORKER
+    asked = 0
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if WORKER in p.cmdline():
+                p.send_signal(signal.SIGUSR1)
+                asked += 1
+        except psutil.Error:
+            continue
+    return asked
 
 
 def _measure(a, s: RunSettings):
     """(with the exchange, without it or None) from run / run_paired, SIGTERM and SIGHUP handled as Ctrl-C;
     an int (the exit status) when the launch failed or was stopped."""
-    handled = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    main = threading.current_thread() is threading.main_thread()
+    handled = (signal.SIGTERM, signal.SIGHUP) if main else ()
+    asked = []
 
     def terminate(signum, frame):
+        # --checkpoint: the first SIGTERM asks the ranks for a checkpoint and a clean stop, a second one kills
+        if s.checkpoint is not None and signum == signal.SIGTERM and not asked:
+            return ask(signum, frame)
         raise Terminated(signum)
 
+    def ask(signum, frame):  # SIGUSR1 (Slurm's warning before the time limit): checkpoint and stop
+        asked.append(signum)
+        print(f"labkit scale: signal {signum}: the workers checkpoint after their current step and stop",
+              file=sys.stderr, flush=True)
+        _ask_ranks_to_checkpoint()
+
     previous = {sig: signal.signal(sig, terminate) for sig in handled}
+    if main and s.checkpoint is not None:
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, ask)
     try:
         return run_paired(a.nps, settings=s) if a.paired else (run(a.nps, settings=s), None)
     except Terminated as stop:
@@ -413,12 +468,23 @@ def _report(a, s: RunSettings, df, free) -> dict:
         doc["without_exchange"] = to_json(free)["runs"]
     for k, r in enumerate(doc["runs"]):
         line = (f"np={r['np']}: {r['images_per_sec']:.1f} +- {r['images_per_sec_std']:.1f} images/s, "
-                f"efficiency {r['efficiency']:.2f} (uncontended steps: {r.get('p10_efficiency', float('nan')):.2f})")
+                f"efficiency {r['efficiency']:.2f} (uncontended steps: {r.get('p10_efficiency', float('nan')):.2f})"
+                if r["images_per_sec"] == r["images_per_sec"] else f"np={r['np']}: no timed step in this launch")
         if free is not None:
             w = doc["without_exchange"][k]
             line += (f"; without the exchange {w['images_per_sec']:.1f} +- {w['images_per_sec_std']:.1f} images/s, "
                      f"efficiency {w['efficiency']:.2f}; ratio {r['efficiency'] / w['efficiency']:.2f}")
         print(f"{line}, checksums {'equal' if r['in_sync'] else 'DIFFER'}")
+    if s.checkpoint is not None:
+        ranks = df["ranks"].iloc[0]
+        for r in ranks:
+            print(f"rank {r['rank']}: final weights checksum {r['checksum']}")
+        state = ranks[0]["checkpoint"]
+        doc["checkpoint"] = {"step": state["step"], "total_steps": state["total_steps"],
+                             "resumed_from": state["resumed_from"], "stopped": state["stopped"]}
+        print(f"checkpoint: step {state['step']} of {state['total_steps']}"
+              + (f" (resumed at step {state['resumed_from']})" if state["resumed_from"] else "")
+              + (": stopped by a signal; --resume continues it" if state["stopped"] else ": the run is complete"))
     return doc
 
 
@@ -442,4 +508,6 @@ def cli_main(argv=None) -> int:
                 resultsfile.write_json(a.json_path, doc, indent=2)
     except ValueError as err:
         p.error(str(err))
-    return 0 if doc["all_in_sync"] else 3
+    if not doc["all_in_sync"]:
+        return 3
+    return STOPPED if doc.get("checkpoint", {}).get("stopped") else 0
