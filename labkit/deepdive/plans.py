@@ -4,12 +4,15 @@ and rounds (labkit.scale.plans). (07_scaling_deep_dive)
     from labkit.deepdive import plans
     plans.batch_size()        # images per worker per step of two workers: 64 (128 in full), less where memory is short
     plans.say_if_short()      # one line when 07's largest run would not fit in the free memory
+    pace = plans.pace(seconds)  # how its first paired launches ran against the plan (labkit.base.plans.Pace)
 """
 from __future__ import annotations
 
 from labkit.base import plans as base
 from labkit.base.plans import KERNEL_BYTES, Experiment, Machine
 from labkit.scale import plans as scale
+
+AS_PLANNED = base.Pace(notebook="07")  # 07's pace before (or without) its first launches: nothing is cut
 
 
 def batch_size(profile: str | None = None, m: Machine | None = None, workers: int = 2) -> int:
@@ -24,6 +27,15 @@ def experiments(profile: str, m: Machine) -> list:
     return [Experiment("07_scaling_deep_dive", "exchange cost, controllers, variants (2 workers)", (1, 2), launches, 2,
                        KERNEL_BYTES + 2 * scale.worker_bytes(scale.MODEL[profile], batch),
                        launches * base.launch_s(2, m, 2 * scale.TRAIN_CPU_S[profile]) / 60, base.shared(m), batch)]
+
+
+def pace(measured_s: float, profile: str | None = None, m: Machine | None = None) -> base.Pace:
+    """How 07's first launches ran here: measured_s, the seconds of its paired launch of 1 and of 2 workers,
+    against the plan's seconds for them on quiet cores of m's number (default: here). The later experiments fit
+    their batch sizes and rounds to it. (07_scaling_deep_dive)"""
+    profile, m = base.resolve(profile, m)
+    work = 2 * scale.TRAIN_CPU_S[profile]
+    return base.Pace(measured_s, sum(base.launch_s(n, base.quiet(m), work) for n in (1, 2)), "07")
 
 
 def say_if_short() -> None:

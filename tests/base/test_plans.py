@@ -306,3 +306,13 @@ def test_sizes_shrink_as_the_first_experiment_slows(ratio, rounds, epochs):
 def test_a_bad_pace_is_one_line_naming_it(call, name):
     with pytest.raises(ValueError, match=f"^{name} must be"):
         call()
+
+
+def test_07s_pace_is_its_paired_launch_of_one_and_two_workers():
+    from labkit.deepdive import plans as deepdive_plans
+    # 1 core: 14 s for one worker, 28 s for two sharing it; its committed run on 2 cores (22.3 s) cuts nothing
+    assert deepdive_plans.pace(42.0, "workshop", Machine(1, 2 * GiB, load=3.0)).ratio == pytest.approx(1.0)
+    reference = deepdive_plans.pace(22.3, "workshop", Machine(2, 4 * GiB))
+    assert reference.fit(2, "{n} of {full} batch sizes") == (2, "")
+    slow = deepdive_plans.pace(6 * 42.0, "workshop", Machine(1, 2 * GiB))
+    assert slow.fit(2, "{n} of {full} batch sizes")[0] == 1 and "to keep 07 within" in slow.fit(2, "{n}")[1]
