@@ -40,7 +40,7 @@ class TTASettings:
         node (full: the offline set where CIFAR-10 is not on disk)."""
         from labkit.base.config import by_profile
         return by_profile(
-            quick=cls(target=0.25, num_examples=3000, num_test=500, epochs=2, timeout=300),
+            quick=cls(target=0.15, num_examples=3000, num_test=500, epochs=2, timeout=300),
             workshop=cls(target=0.5, num_examples=10000, num_test=2000, epochs=6),
             full=cls(target=0.55, data="auto", num_examples=50000, num_test=10000, batch_size=64, epochs=15,
                      lr=0.02, timeout=1800),
