@@ -5,7 +5,7 @@
 writes DIR/data/cifar-10-batches-py/ exactly as the official archive lays it out (data_batch_1..5 of 10,000
 images each, test_batch of 10,000, batches.meta; pickled dicts with bytes keys, rows of 3072 bytes, red plane
 then green then blue) holding labkit's synthetic images (seed 1: learnable, not the offline set's own), and
-DIR/site/sitecustomize.py, which makes labkit trust these files by their own MD5s (labkit.data.cifar10 checks
+in DIR/site/ a sitecustomize module that makes labkit trust these files by their own MD5s (labkit.data.cifar10 checks
 every batch against the official table before parsing it). Then, for a measurement only:
 
     LABKIT_DATA=DIR/data PYTHONPATH=DIR/site:. .venv/bin/python scripts/binder_box.py notebooks/01_cnn_basics.ipynb
@@ -45,14 +45,15 @@ def write_layout(root: Path, images, labels, test_images, test_labels) -> dict:
 
 
 def trust_module(table: dict) -> str:
-    """A sitecustomize.py that swaps labkit's checksum table for this set's (for a measurement or a test only)."""
+    """The text of a sitecustomize module that swaps labkit's checksum table for this set's (measurements and
+    tests only)."""
     return ("# measurement only: labkit trusts this CIFAR-10-format set by its own MD5 table\n"
             "import labkit.data.cifar10\n"
             f"labkit.data.cifar10.CIFAR10_FILES = {table!r}\n")
 
 
 def make(base: Path, per_batch: int = PER_BATCH, seed: int = 1) -> dict:
-    """DIR/data (the set) and DIR/site (its sitecustomize.py) for 5 x per_batch train and per_batch test images."""
+    """DIR/data (the set) and DIR/site (its sitecustomize module) for 5 x per_batch train and per_batch test images."""
     from labkit.data import loading
 
     (x, y), (xt, yt) = loading.synthetic(5 * per_batch, per_batch, seed=seed)
