@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-function", action="store_true", help="run the step eagerly (no tf.function)")
     p.add_argument("--jit", action="store_true", help="compile the step with XLA (tf.function jit_compile)")
     p.add_argument("--out", default=None, help="directory for rank{R}.json (default: no files)")
-    p.add_argument("--checkpoint-dir", dest="checkpoint", help=argparse.SUPPRESS)  # --checkpoint's former name
+    p.add_argument("--checkpoint-dir", help=argparse.SUPPRESS)  # --checkpoint's former name (parse_args)
     p.add_argument("--progress-every", type=int, default=0, help="rank 0 reports every N steps (0: per repeat)")
     p.add_argument("--bench-allreduce", action="store_true", help="time hvd.allreduce instead of training")
     p.add_argument("--sizes", default="4,1024,16384,262144,1048576,4194304",
@@ -129,6 +129,7 @@ def parse_args(argv=None):
     """The worker's options, checked: one line and exit 2 on the first bad one, before any model is built."""
     p = _parser()
     args = p.parse_args(argv)
+    args.checkpoint = args.checkpoint or args.checkpoint_dir
     problem = _problem(args)
     if problem:
         p.error(problem)

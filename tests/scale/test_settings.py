@@ -84,7 +84,8 @@ def test_every_workers_setting_is_an_option_of_the_worker_and_of_nothing_else():
     # the launch's own settings never reach the workers' command line
     launch_only = [name for name, flag in flags.items() if flag is None]
     assert set(launch_only) == {"scaling", "launcher", "hosts", "timeout", "progress", "env_extra", "extra"}
-    argv = RunSettings(scale_lr=True, sync=False, device="cpu").argv(2)  # None (the default) names no flag
+    # None (the default) names no flag
+    argv = RunSettings(scale_lr=True, sync=False, device="cpu", checkpoint="ck", resume=True).argv(2)
     assert {a for a in argv if a.startswith("--")} == {flag for flag in flags.values() if flag}
 
 
