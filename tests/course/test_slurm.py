@@ -294,3 +294,26 @@ def test_multi_node_template_launches_horovod_over_the_allocation(slurm, tmp_pat
     total = ranks[0]["images_per_sec"] + ranks[1]["images_per_sec"]
     assert f"{total:.1f} images/s in total" in text
     assert "2 ranks on 1 node(s)" in text and "all ranks hold the same weights" in text
+
+
+def test_resumable_template_finishes_one_run_over_two_allocations(slurm, tmp_path):
+    """hpc/resumable.sbatch under a 1-minute limit: SIGUSR1 before the limit (or Slurm's SIGTERM at it), the
+    workers checkpoint, the job requeues itself and resumes; the run ends over 2+ allocations with the checksum
+    of the same run never stopped."""
+    from labkit.scale import checkpoint, scaling
+    ckpt, results = tmp_path / "ckpt", tmp_path / "resumable.json"
+    run = dict(batch_size=8, steps=6000, repeats=1, warmup_steps=2, threads=1)
+    job_id, log = slurm.submit("hpc/resumable.sbatch", "--ntasks=2", "--gres=none", "--time=1",
+                               "--signal=B:USR1@40", log=tmp_path / "job-%j.out", LABKIT_VENV=VENV,
+                               LABKIT_CHECKPOINT=str(ckpt), LABKIT_RESULTS=str(results), LABKIT_PROFILE="quick",
+                               LABKIT_CHECKPOINT_EVERY="500", LABKIT_SCALE_ARGS=" ".join(
+                                   f"--{k.replace('_', '-')} {v}" for k, v in run.items()) + " --launcher gloo")
+    fields = slurm.wait_job(job_id, timeout=900)
+    text = log.read_text(errors="replace") if log.exists() else "(no job output)"
+    assert fields["JobState"] == "COMPLETED", f"{fields.get('JobState')} {fields.get('ExitCode')}\n{text}"
+    allocations = re.findall(r"allocation (\d+), checkpoint: (\w+)", text)
+    assert len(allocations) >= 2 and allocations[0] == ("1", "none"), f"one allocation only:\n{text}"
+    assert "requeueing job" in text and checkpoint.status(ckpt) == "done"
+    resumed = json.loads(results.read_text())
+    whole = scaling.run(2, progress=False, timeout=600, checkpoint=str(tmp_path / "whole"), launcher="gloo", **run)
+    assert resumed["runs"][0]["checksums"] == list(whole["checksums"].iloc[0]), text
