@@ -403,9 +403,10 @@ class _Stop:
     asked (one 4-byte allreduce), so all stop after the same step and rank 0 checkpoints it."""
 
     SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+    instance = None  # the one this process installed (main installs it first thing)
 
     def __init__(self):
-        self.asked = 0
+        _Stop.instance, self.asked = self, 0
         for sig in self.SIGNALS:
             signal.signal(sig, self._ask)
 
@@ -418,7 +419,7 @@ class _Stop:
 
 def train(args) -> RankRecord:
     """This rank's training run, as its result dict (rank{R}.json; its schema: labkit.scale.records.RankRecord)."""
-    stop = _Stop() if args.checkpoint else None  # from here on SIGUSR1/SIGTERM asks for a checkpoint, not an end
+    stop = _Stop.instance or _Stop() if args.checkpoint else None  # SIGUSR1/SIGTERM: a checkpoint, not an end
     tf, hvd, threads, n_gpus, comm_tids = _setup(args)
     rank, size = hvd.rank(), hvd.size()
     plan = schedule(args.steps, args.repeats, args.warmup_steps, args.paired)
@@ -582,6 +583,8 @@ def bench_allreduce(args) -> dict:
 
 
 def main(argv=None) -> int:
+    if any(a.startswith("--checkpoint") for a in (sys.argv[1:] if argv is None else argv)):
+        _Stop()  # at once: a SIGUSR1 while TensorFlow loads must ask for a checkpoint, not end the rank
     args = parse_args(argv)
     result = bench_allreduce(args) if args.bench_allreduce else train(args)
     if args.out:

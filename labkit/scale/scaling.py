@@ -411,7 +411,7 @@ def _ask_ranks_to_checkpoint() -> int:
     asked = 0
     for p in psutil.Process().children(recursive=True):
         try:
-            if WORKER in p.cmdline():
+            if p.cmdline()[1:3] == ["-m", WORKER]:  # the ranks themselves, not the launcher naming them
                 p.send_signal(signal.SIGUSR1)
                 asked += 1
         except psutil.Error:
@@ -424,7 +424,7 @@ def _measure(a, s: RunSettings):
     an int (the exit status) when the launch failed or was stopped."""
     main = threading.current_thread() is threading.main_thread()
     handled = (signal.SIGTERM, signal.SIGHUP) if main else ()
-    asked = []
+    asked, done = [], threading.Event()
 
     def terminate(signum, frame):
         # --checkpoint: the first SIGTERM asks the ranks for a checkpoint and a clean stop, a second one kills
@@ -436,7 +436,11 @@ def _measure(a, s: RunSettings):
         asked.append(signum)
         print(f"labkit scale: signal {signum}: the workers checkpoint after their current step and stop",
               file=sys.stderr, flush=True)
-        _ask_ranks_to_checkpoint()
+        if not _ask_ranks_to_checkpoint():  # the ranks are still starting: ask again until one has it (any one
+            def retry():                   # suffices, they agree after each step)
+                while not _ask_ranks_to_checkpoint() and not done.is_set():
+                    done.wait(0.5)
+            threading.Thread(target=retry, daemon=True).start()
 
     previous = {sig: signal.signal(sig, terminate) for sig in handled}
     if main and s.checkpoint is not None:
@@ -454,6 +458,7 @@ def _measure(a, s: RunSettings):
         print(f"labkit scale: {err}", file=sys.stderr)
         return 1
     finally:
+        done.set()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -302,11 +302,11 @@ def test_resumable_template_finishes_one_run_over_two_allocations(slurm, tmp_pat
     of the same run never stopped."""
     from labkit.scale import checkpoint, scaling
     ckpt, results = tmp_path / "ckpt", tmp_path / "resumable.json"
-    run = dict(batch_size=8, steps=6000, repeats=1, warmup_steps=2, threads=1)
+    run = dict(batch_size=8, steps=1100, repeats=1, warmup_steps=2, threads=1)  # ~700 steps per allocation here
     job_id, log = slurm.submit("hpc/resumable.sbatch", "--ntasks=2", "--gres=none", "--time=1",
                                "--signal=B:USR1@40", log=tmp_path / "job-%j.out", LABKIT_VENV=VENV,
                                LABKIT_CHECKPOINT=str(ckpt), LABKIT_RESULTS=str(results), LABKIT_PROFILE="quick",
-                               LABKIT_CHECKPOINT_EVERY="500", LABKIT_SCALE_ARGS=" ".join(
+                               LABKIT_CHECKPOINT_EVERY="200", LABKIT_SCALE_ARGS=" ".join(
                                    f"--{k.replace('_', '-')} {v}" for k, v in run.items()) + " --launcher gloo")
     fields = slurm.wait_job(job_id, timeout=900)
     text = log.read_text(errors="replace") if log.exists() else "(no job output)"
