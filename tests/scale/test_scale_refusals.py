@@ -55,7 +55,7 @@ def test_scale_json_through_a_symlink_and_a_hard_link(tmp_path, fake_ranks):
     from labkit.scale import scaling
     shared = tmp_path / "share" / "scale.json"
     shared.parent.mkdir()
-    shared.write_text("{}\n")
+    shared.write_text(json.dumps({"runs": []}) + "\n")  # an earlier labkit scale document (its own kind)
     link = tmp_path / "scale.json"
     link.symlink_to(shared)
     assert scaling.cli_main(["--np", "1,2", "--json", str(link), "--quiet"]) == 0
