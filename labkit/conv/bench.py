@@ -67,7 +67,8 @@ _RATIO_COLUMNS = (("im2col_vs_tf", "im2col/tf", 9), ("im2col_vs_gemm", "im2col/g
 # the short names the notebook and the printed table use: im2tf = the tf engine, tfgemm = TensorFlow's bare GEMM
 SHORT = {"im2col": "im2col", "im2col_tf": "im2tf", "tf": "tf", "gemm": "gemm", "tf_gemm": "tfgemm", "naive": "naive"}
 # the ratios 02_im2col's text reads: the copy's cost, each GEMM engine against TF's conv, the loops
-READ_RATIOS = ("im2col_vs_tf", "im2col_vs_gemm", "gemm_vs_tf", "tf_gemm_vs_tf", "im2col_tf_vs_tf_gemm", "im2col_vs_naive")
+READ_RATIOS = ("im2col_vs_tf", "im2col_vs_gemm", "gemm_vs_tf", "tf_gemm_vs_tf", "im2col_tf_vs_tf_gemm",
+               "im2col_vs_naive")
 
 
 def ratio_name(key: str) -> str:
@@ -154,11 +155,13 @@ class BenchResult:
         return pd.DataFrame(rows).set_index("layer")
 
     def header(self) -> str:
-        """The run's configuration: profile, statistic, machine, GEMM rate, threads and load (what __str__ starts with)."""
+        """The run's configuration: profile, statistic, machine, GEMM rate, threads and load (what __str__ starts
+        with)."""
         return str(self).split("\n\nengines:", 1)[0]
 
     def ratio_table(self, ratios=READ_RATIOS):
-        """One row per layer: its GEMM's M x K x N and the chosen ratios, named as the notebook names them (02_im2col)."""
+        """One row per layer: its GEMM's M x K x N and the chosen ratios, named as the notebook names them
+        (02_im2col)."""
         import pandas as pd
 
         unknown = [k for k in ratios if k not in RATIOS]
@@ -200,7 +203,8 @@ class BenchResult:
                  f"TensorFlow's oneDNN kernels {onednn}"
                  + ("; timed by CPU time: GFLOP/s per busy core" if self.clock == "cpu" else ""),
                  self.machine,
-                 f"this machine's float32 GEMM (numpy, {self.machine_gemm_size}^3): {self.machine_gemm_gflops:.1f} GFLOP/s"]
+                 f"this machine's float32 GEMM (numpy, {self.machine_gemm_size}^3): "
+                 f"{self.machine_gemm_gflops:.1f} GFLOP/s"]
         if self.threads:
             per_core = f"{machine.cores()} (one per core)"
             lines.append(f"threads: numpy BLAS and im2col workers {self.threads.get('blas')}, TensorFlow intra-op "
@@ -361,18 +365,9 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
         n = layer.c_out
         x = rng.standard_normal((batch_size, layer.size, layer.size, layer.c_in)).astype(np.float32)
         w = (rng.standard_normal((layer.kernel, layer.kernel, layer.c_in, n)) / np.sqrt(k)).astype(np.float32)
-        xt, wt = tf.constant(x), tf.constant(w)
         a = rng.standard_normal((m, k)).astype(np.float32)  # the bare GEMM: same shapes, no im2col
         b = np.ascontiguousarray(w.reshape(k, n))
-        at, bt = tf.constant(a), tf.constant(b)
-        out = np.empty((m, n), np.float32)
-        fns = {  # every method hands back a numpy array, as conv2d_im2col's contract says
-            "im2col": lambda: conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=chunk_size),
-            "im2col_tf": lambda: conv.conv2d_im2col(xt, wt, 1, "SAME", chunk_size=chunk_size, engine="tf"),
-            "tf": lambda: tf.nn.conv2d(xt, wt, 1, "SAME").numpy(),
-            "gemm": lambda: np.matmul(a, b, out=out),
-            "tf_gemm": lambda: tf.linalg.matmul(at, bt).numpy(),
-        }
+        fns = _methods(x, w, a, b, chunk_size)
         # the implementations agree before any of them is timed
         expected = fns["tf"]()
         for name in ("im2col", "im2col_tf"):
@@ -398,6 +393,21 @@ def _conv_bench(layers, batch_size, repeats, naive_size, chunk_size, naive, seed
             progress(row)
     result.load_average.append(busy().cores)
     return result
+
+
+def _methods(x, w, a, b, chunk_size) -> dict:
+    """The timed methods on one layer's input x, weights w and its bare GEMM's a @ b: each hands back a numpy
+    array, as conv2d_im2col's contract says."""
+    import tensorflow as tf
+    xt, wt, at, bt = tf.constant(x), tf.constant(w), tf.constant(a), tf.constant(b)
+    out = np.empty((a.shape[0], b.shape[1]), np.float32)
+    return {
+        "im2col": lambda: conv.conv2d_im2col(x, w, 1, "SAME", chunk_size=chunk_size),
+        "im2col_tf": lambda: conv.conv2d_im2col(xt, wt, 1, "SAME", chunk_size=chunk_size, engine="tf"),
+        "tf": lambda: tf.nn.conv2d(xt, wt, 1, "SAME").numpy(),
+        "gemm": lambda: np.matmul(a, b, out=out),
+        "tf_gemm": lambda: tf.linalg.matmul(at, bt).numpy(),
+    }
 
 
 def _time_naive(row, xs, ws, clock, stat) -> None:
