@@ -233,10 +233,10 @@ def test_summary_is_the_geometric_mean_and_names_the_worst_layer():
 
 
 def test_report_names_the_load_and_the_gemm_size():
-    result = bench.BenchResult("quick", 1, 1, "auto", 50.0, "", {}, [], [], [9.0, 10.0], 1024)
+    result = bench.BenchResult("quick", 1, 1, "auto", 50.0, "", {}, [], [], [9.0, 10.0], machine_gemm_size=1024)
     text = str(result)
     assert "numpy, 1024^3): 50.0 GFLOP/s" in text
-    assert "load average (1 min) 9.0 -> 10.0" in text
+    assert "other work (cores' worth; the load average, or a CPU-limited container's own use) 9.0 -> 10.0 on" in text
     assert ("other programs competed" in text) == (10.0 > 0.5 * os.cpu_count())
 
 
