@@ -52,7 +52,8 @@ def by_nodes(nodes=(2, 3, 4), rates=("1gbit", "50mbit"), model="convblock_net", 
 def table(results: dict):
     """One row per (link rate, node count): compute alone, synced step measured and predicted, efficiency."""
     import pandas as pd
-    return pd.DataFrame([{"link": s["rate"], "nodes": s["nodes"], "compute alone (ms)": s["predicted"]["compute_s"] * 1e3,
+    return pd.DataFrame([{"link": s["rate"], "nodes": s["nodes"],
+                          "compute alone (ms)": s["predicted"]["compute_s"] * 1e3,
                           "measured step (ms)": s["steps"]["sync"]["median_s"] * 1e3,
                           "predicted, own fit (ms)": s["predicted"]["sync_s"] * 1e3,
                           f"predicted, {results['nodes'][0]}-node fit (ms)": s["predicted_from_fewest_s"] * 1e3,

@@ -1,4 +1,5 @@
-"""Run a learner's Keras + Horovod script on one rank and record what it did, for labkit.exercises.check_hvd (04_horovod_scaling).
+"""Run a learner's Keras + Horovod script on one rank and record what it did, for labkit.exercises.check_hvd
+(04_horovod_scaling).
 
     horovodrun -np 2 ... python -m labkit.exercises.hvd_harness --script S [--script S2 ...] -- SCRIPT_ARGS --out DIR
 

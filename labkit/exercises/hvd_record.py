@@ -256,8 +256,8 @@ class Recorder:
 
 
 class Timer:
-    """--timing: wall-clock and process CPU time at the end of every training batch of model.fit (with its batch index: under
-    steps_per_execution=k Keras calls the hook once per k steps), nothing else patched."""
+    """--timing: wall-clock and process CPU time at the end of every training batch of model.fit (with its batch
+    index: under steps_per_execution=k Keras calls the hook once per k steps), nothing else patched."""
 
     def __init__(self):
         self.rec = {"batch_end_s": [], "batch_cpu_s": [], "batch_index": [], "fit": []}

@@ -96,7 +96,8 @@ DEVICES = {d.name: d for d in (
     Device("A100", "A100 SXM4 40 GB", 2020, 19.5, 156, 312, True, 40, 1555,
            "NVLink 3", "NVIDIA A100 Tensor Core GPU datasheet (2020), SXM4 40 GB"),
     Device("H100", "H100 SXM5 80 GB", 2022, 67, 494.7, 989.4, True, 80, 3350,
-           "NVLink 4", "NVIDIA H100 Tensor Core GPU datasheet (2022), SXM5; dense tensor peaks (half the sparsity figures)"),
+           "NVLink 4",
+           "NVIDIA H100 Tensor Core GPU datasheet (2022), SXM5; dense tensor peaks (half the sparsity figures)"),
     Device("H200", "H200 SXM 141 GB", 2024, 67, 494.7, 989.4, True, 141, 4800,
            "NVLink 4", "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM 141 GB HBM3e; dense tensor peaks "
            "(half the sparsity figures), the H100 SXM's compute"),

@@ -1,4 +1,5 @@
-"""labkit.base.timing and labkit.conv.bench: timing rules (warm-up excluded, median, best, spread, side by side), conv-bench."""
+"""labkit.base.timing and labkit.conv.bench: timing rules (warm-up excluded, median, best, spread, side by side),
+conv-bench."""
 import json
 import os
 import subprocess
@@ -170,7 +171,8 @@ def test_cli_help_and_bad_arguments(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench_cli.cli_main(["--help"])
     assert exit_.value.code == 0 and "--json" in capsys.readouterr().out
-    for bad in (["--threads", "0"], ["--batch-size", "0"], ["--kernels", "5"], ["--kernels", "x"], ["--chunk-size", "-1"], ["--chunk-size", "x"],
+    for bad in (["--threads", "0"], ["--batch-size", "0"], ["--kernels", "5"], ["--kernels", "x"],
+                ["--chunk-size", "-1"], ["--chunk-size", "x"],
                 ["--stat", "mean"]):
         with pytest.raises(SystemExit) as exit_:
             bench_cli.cli_main(bad)
@@ -223,7 +225,8 @@ def test_summary_is_the_geometric_mean_and_names_the_worst_layer():
                                  {"im2col": im2col, "tf": tf, "gemm": gemm, "naive": naive}, {}, {})
 
     result = bench.BenchResult("quick", 1, 1, "auto", 1.0, "", {}, [],
-                               [row("a", 3, 90, 100, 100, 0.1), row("b", 3, 40, 100, 50, 0.1), row("c", 1, 10, 1, 1, 1)])
+                               [row("a", 3, 90, 100, 100, 0.1), row("b", 3, 40, 100, 50, 0.1),
+                                row("c", 1, 10, 1, 1, 1)])
     s = result.summary()
     assert s["3x3"]["im2col_vs_tf"]["geomean"] == pytest.approx((0.9 * 0.4) ** 0.5)
     assert s["3x3"]["im2col_vs_tf"]["worst"] == pytest.approx(0.4) and s["3x3"]["im2col_vs_tf"]["worst_layer"] == "b"
@@ -261,7 +264,8 @@ def test_ratio_table_and_plot_show_the_ratios_the_notebook_reads():
     assert list(table.columns) == ["M x K x N", "im2col/tf", "im2col/gemm", "gemm/tf", "tfgemm/tf", "im2tf/tfgemm",
                                    "im2col/naive"]
     row = result.layers[0]  # each column against the GFLOP/s it is the ratio of
-    assert table.loc["small 3x3", "im2tf/tfgemm"] == pytest.approx(row.gflops["im2col_tf"] / row.gflops["tf_gemm"], abs=0.006)
+    assert table.loc["small 3x3", "im2tf/tfgemm"] == pytest.approx(row.gflops["im2col_tf"] / row.gflops["tf_gemm"],
+                                                                   abs=0.006)
     assert table.loc["small 3x3", "im2col/naive"] == pytest.approx(row.gflops["im2col"] / row.gflops["naive"], abs=0.6)
     header = result.header()
     assert header.startswith("conv-bench: profile=") and "load average" in header and "small 3x3" not in header
@@ -269,6 +273,7 @@ def test_ratio_table_and_plot_show_the_ratios_the_notebook_reads():
     assert ax.get_yscale() == "linear" and len(ax.patches) == 4 * 2
     heights = sorted(p.get_height() for p in ax.patches)
     assert heights == pytest.approx(sorted(row.ratios[k] for row in result.layers
-                                           for k in ("im2col_vs_gemm", "im2col_tf_vs_tf_gemm", "gemm_vs_tf", "tf_gemm_vs_tf")))
+                                           for k in ("im2col_vs_gemm", "im2col_tf_vs_tf_gemm", "gemm_vs_tf",
+                                                     "tf_gemm_vs_tf")))
     with pytest.raises(ValueError, match="ratios must be"):
         result.ratio_table(["im2col_vs_everything"])

@@ -1,8 +1,8 @@
 """04's Horovod exercise checker: the reference script is correct, the single-process placeholder is 'not answered',
 and each mistake is made the way a learner would make it (a broken copy of the reference) and named.
 
-All the variants run in ONE 2-worker launch (labkit.exercises.hvd_harness runs them one after the other, Keras cleared and
-the seeds set again in between): TensorFlow's start-up is paid once. Horovod stays up from the first hvd.init()
+All the variants run in ONE 2-worker launch (labkit.exercises.hvd_harness runs them one after the other, Keras cleared
+and the seeds set again in between): TensorFlow's start-up is paid once. Horovod stays up from the first hvd.init()
 on, so the scripts that never reach hvd.init() run first. One more
 launch goes through the learner's entry point, check_hvd.keras_hvd(path), end to end.
 """
@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-launches = pytest.mark.horovod  # the tests that start horovodrun (the fixture's one launch is shared)
-
 from labkit.exercises import check_hvd
 from labkit.exercises.verdict import CHECKERS
+
+launches = pytest.mark.horovod  # the tests that start horovodrun (the fixture's one launch is shared)
 
 REF = check_hvd.REFERENCE.read_text()
 
@@ -31,7 +31,9 @@ FIT = "history = model.fit(dataset, "
 CALLBACKS = """    hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # every rank starts from rank 0's weights
 """
 TF_IMPORT = ("import horovod.tensorflow.keras as hvd\n",
-             "import horovod.tensorflow as hvd_tf  # broadcast_variables lives here\nimport horovod.tensorflow.keras as hvd\n")
+             "import horovod.tensorflow as hvd_tf  # broadcast_variables lives here\n"
+             "import horovod.tensorflow.keras as hvd\n")
+NO_WARMUP = ("    hvd.callbacks.LearningRateWarmupCallback(", "    # hvd.callbacks.LearningRateWarmupCallback(")
 OPT = "opt = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(learning_rate=lr, momentum=0.9))"
 NEW_SGD = ("tf.keras.optimizers.legacy.SGD(", "tf.keras.optimizers.SGD(")
 
@@ -51,16 +53,16 @@ BROKEN = {
                                        "tf.keras.optimizers.legacy.SGD(learning_rate=lr, momentum=0.9)")),
     "lr_local_size": _broken(("lr = args.lr * hvd.size()", "lr = args.lr * hvd.local_size()")),
     "warmup_not_scaled": _broken(("lr = args.lr * hvd.size()", "lr = args.lr")),
-    "lr_not_scaled": _broken(("lr = args.lr * hvd.size()", "lr = args.lr"),
-                             ("    hvd.callbacks.LearningRateWarmupCallback(", "    # hvd.callbacks.LearningRateWarmupCallback(")),
-    "no_warmup": _broken(("    hvd.callbacks.LearningRateWarmupCallback(", "    # hvd.callbacks.LearningRateWarmupCallback(")),
+    "lr_not_scaled": _broken(("lr = args.lr * hvd.size()", "lr = args.lr"), NO_WARMUP),
+    "no_warmup": _broken(NO_WARMUP),
     "metrics_by_hand": _broken(("    hvd.callbacks.MetricAverageCallback(),", ""), (
         "if hvd.rank() == 0:\n    print(f\"{info.name}: loss {history.history['loss'][-1]:.3f}",
         "loss = float(hvd.allreduce(history.history['loss'][-1]))  # the average over the ranks\n"
         "if hvd.rank() == 0:\n    print(f\"{info.name}: loss {loss:.3f}")),
     "metrics_not_averaged": _broken(("    hvd.callbacks.MetricAverageCallback(),", "")),
     "checkpoint_per_rank": _broken(("if hvd.rank() == 0:  # one writer", "if True:  # one writer"),
-                                   ("ModelCheckpoint(args.checkpoint,", "ModelCheckpoint(f\"ckpt-rank{hvd.rank()}.h5\",")),
+                                   ("ModelCheckpoint(args.checkpoint,",
+                                    "ModelCheckpoint(f\"ckpt-rank{hvd.rank()}.h5\",")),
     "checkpoint_every_rank": _broken(("if hvd.rank() == 0:  # one writer", "if True:  # one writer")),
     "no_checkpoint": _broken(("callbacks.append(tf.keras.callbacks.ModelCheckpoint(args.checkpoint, "
                               "save_weights_only=True))", "pass")),
@@ -124,7 +126,8 @@ CORRECT = {
         ("hvd.init()  #", "#"), ("import horovod.tensorflow.keras as hvd\n", "import horovod.tensorflow.keras as hvd\n"
                                  "hvd.init()\n"),
         ("callbacks.append(tf.keras.callbacks.ModelCheckpoint(args.checkpoint, save_weights_only=True))", "pass"),
-        ("if hvd.rank() == 0:\n    print(", "if hvd.rank() == 0:\n    model.save_weights(args.checkpoint)\n    print(")),
+        ("if hvd.rank() == 0:\n    print(",
+         "if hvd.rank() == 0:\n    model.save_weights(args.checkpoint)\n    print(")),
     "shard_by_hand_warmup_schedule": _broken(
         ("shard=(hvd.rank(), hvd.size()), ", ""),
         ("(x, y), _, info = data.load_dataset()  #", "(x, y), _, info = data.load_dataset()\n"

@@ -71,7 +71,8 @@ def test_roofline_by_hand():
 
 def test_newer_gpus_are_faster_and_hold_bigger_batches():
     report = flops.count_named("resnet50_v1.5", **ALL)
-    estimates = [hardware.estimate(report, name, batch_size=32) for name in ("K80", "P100", "V100", "A100", "H100", "H200")]
+    estimates = [hardware.estimate(report, name, batch_size=32)
+                 for name in ("K80", "P100", "V100", "A100", "H100", "H200")]
     speeds = [e["training_images_per_s"] for e in estimates]
     assert speeds == sorted(speeds)
     batches = [e["max_batch_size"] for e in estimates]

@@ -1,4 +1,5 @@
-"""labkit.scale.probe (the machine's parallel limit) and labkit.scale.localscale (scaling on one machine, taken apart)."""
+"""labkit.scale.probe (the machine's parallel limit) and labkit.scale.localscale (scaling on one machine, taken
+apart)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -127,7 +128,8 @@ def test_controller_cost_interleaves_the_settings_and_takes_medians(monkeypatch)
 
 @pytest.mark.parametrize("kw, word", [
     ({"batch": 0}, "batch"), ({"np_": 1}, "np_"), ({"rounds": 0}, "rounds"), ({"settings": []}, "settings"),
-    ({"settings": [("x", "nccl", {})]}, "settings"), ({"settings": [("x", "mpi", {"HOROVOD_CYCLE_TIME": 0.2})]}, "settings"),
+    ({"settings": [("x", "nccl", {})]}, "settings"),
+    ({"settings": [("x", "mpi", {"HOROVOD_CYCLE_TIME": 0.2})]}, "settings"),
     ({"model": "nope"}, "model"),
 ])
 def test_controller_cost_bad_input_names_the_parameter(kw, word, monkeypatch):
