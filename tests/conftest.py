@@ -82,6 +82,7 @@ SERIAL_UNIT, SOLO_UNIT = "cluster", "solo"
 SERIAL_FILES = ("tests/course/test_full_smoke.py", "tests/course/test_slurm.py", "tests/deepdive/test_vcluster.py")
 FULL_SMOKE = SERIAL_FILES[0]  # its Slurm templates (test names with "_template_") share the test Slurm
 BOX_FILE = "tests/course/test_binder_box.py"
+CORE_COUNTS = "tests/course/test_core_counts.py"
 SOLO_TESTS = {f"{BOX_FILE}::test_04_runs_through_on_two_cpus_with_one_busy": SOLO_UNIT}
 SOLO_CORE_UNITS = {f"{BOX_FILE}::test_notebook_runs_through_on_one_cpu[{nb}]": unit for nb, unit in (
     ("01_cnn_basics.ipynb", "solo-core-a"), ("05_network_sweep.ipynb", "solo-core-a"),
@@ -91,6 +92,8 @@ _LAST = {**{u: 1 for u in SOLO_CORE_UNITS.values()}, SOLO_UNIT: 2}  # the order 
 
 def _unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
+    if path == CORE_COUNTS:  # ten notebook runs: each its own unit, spread over both test processes
+        return nodeid
     if path == FULL_SMOKE and "_template_" not in nodeid:  # its notebook runs need no Slurm: not the serial unit's
         return FULL_SMOKE
     return SERIAL_UNIT if path in SERIAL_FILES else SOLO_TESTS.get(nodeid) or SOLO_CORE_UNITS.get(nodeid) or path

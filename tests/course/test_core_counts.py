@@ -1,7 +1,9 @@
 """The measuring notebooks run top to bottom at other core counts on this machine: LABKIT_CORES sets every count
 labkit derives from the cores (BLAS and im2col workers, TensorFlow's pools, probe processes, sweep workers, batch
 and chunk sizes), so 8, 16 and 64 take the code paths those machines would, oversubscribed. Observations are not
-asserted (this is not the reference machine's shape); every hard assert left in the notebooks is."""
+asserted (this is not the reference machine's shape); every hard assert left in the notebooks is. The quick runs are
+at smoke scale (LABKIT_SMOKE=1: every size shrunk, every code path of the profile kept), 02's workshop runs are not;
+each run is a unit of its own in `make test` (tests/conftest.py), so they spread over both test processes."""
 from __future__ import annotations
 
 import sys
@@ -25,7 +27,9 @@ def test_notebook_runs_through_at_other_core_counts(monkeypatch, name, profile, 
     monkeypatch.setenv("LABKIT_CORES", str(cores))
     monkeypatch.setenv("LABKIT_PROFILE", profile)
     monkeypatch.setenv("LABKIT_STRICT_OBSERVATIONS", "0")  # not the reference machine's shape
+    monkeypatch.setenv("LABKIT_SMOKE", "1" if profile == "quick" else "0")
     path = next((ROOT / "notebooks").glob(f"{name}*.ipynb"))
     before = path.read_bytes()
-    refresh.run_notebook(path, write=False, timeout=1200)  # raises CellFailed naming the first cell that raised
+    # raises CellFailed naming the first cell that raised; oversubscribed cells may run far past the committed times
+    refresh.run_notebook(path, write=False, timeout=1200, stall_bounds=False)
     assert path.read_bytes() == before
