@@ -205,13 +205,14 @@ def fill(folder: Path) -> None:
     assert os.statvfs(folder).f_bavail == 0
 
 
-def refused_on_a_full_disk(tmp_path, capsys, name, flag, main) -> None:
+def refused_on_a_full_disk(tmp_path, capsys, name, flag, main, key: str = "runs") -> None:
     """main(path) (a CLI's exit code) with path `name` holding good results on a small tmpfs, full: exit 2, one
-    stderr line naming flag and "No space left", and the file byte for byte as it was."""
+    stderr line naming flag and "No space left", and the file byte for byte as it was. key: what the command's
+    own results file holds (labkit writes over no other kind of file)."""
     from labkit.base import resultsfile
     with small_tmpfs(tmp_path / "disk") as disk:
         target = disk / name
-        resultsfile.write_json(target, {"runs": "the good ones of an earlier run"})
+        resultsfile.write_json(target, {key: "the good ones of an earlier run"})
         before = target.read_bytes()
         fill(disk)
         assert main(target) == 2

@@ -277,7 +277,7 @@ def cli_main(argv=None) -> int:
     try:
         _check_args(a)
         with resultsfile.claimed(a.json_path, "--json", own=OWN) if a.json_path else contextlib.nullcontext():
-            return _run(a)
+            return _bench(a)
     except ValueError as err:
         p.error(str(err))
 
@@ -296,7 +296,7 @@ def _check_args(a) -> None:
         resultsfile.check_target(a.json_path, "--json", own=OWN)
 
 
-def _run(a) -> int:
+def _bench(a) -> int:
     """The launches `labkit fit-bench` asked for, printed and (with --json) written."""
     if a.explain:
         print(f"labkit fit-bench --explain: {a.rounds} rounds of {len(LOOP_VARIANTS) + len(VARIANTS)} runs in one "
