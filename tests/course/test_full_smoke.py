@@ -10,17 +10,17 @@ it starts through a sitecustomize module on PYTHONPATH, in this test only.
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import pickle
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+
+sys.path.insert(0, str(ROOT / "tests" / "data"))
+import cifar_real_size  # noqa: E402  (the official CIFAR-10 layout, one writer)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
 N_TRAIN, N_TEST = 1200, 600  # at least the smoke sizes (labkit.data.default_sizes: 1000 / 500)
@@ -32,33 +32,6 @@ class WorkersOutOfSync(AssertionError):
 
 
 KNOWN: dict = {}  # notebook stem -> a pytest mark for a known failure (none today)
-
-
-def write_cifar_layout(root: Path, images, labels, test_images, test_labels) -> dict:
-    """cifar-10-batches-py/ under root exactly as the official archive lays it out; returns its MD5 table."""
-    from labkit.data import cifar10
-
-    folder = root / cifar10.CIFAR10_DIRNAME
-    folder.mkdir(parents=True)
-
-    def write(name, x, y, label):
-        rows = x.transpose(0, 3, 1, 2).reshape(len(x), 3072)  # red plane, green plane, blue plane
-        with open(folder / name, "wb") as f:
-            pickle.dump({b"batch_label": label, b"labels": [int(v) for v in y], b"data": rows,
-                         b"filenames": [b"img_%d.png" % i for i in range(len(x))]}, f, protocol=2)
-
-    per = len(images) // 5
-    for i in range(5):
-        s = slice(i * per, (i + 1) * per)
-        write(f"data_batch_{i + 1}", images[s], labels[s], b"training batch %d of 5" % (i + 1))
-    write("test_batch", test_images, test_labels, b"testing batch 1 of 1")
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({b"label_names": [c.encode() for c in cifar10.CIFAR10_CLASSES], b"num_vis": 3072}, f)
-    table = {}
-    for name in cifar10.CIFAR10_FILES:
-        rows = len(test_labels) if name == "test_batch" else per
-        table[name] = (hashlib.md5((folder / name).read_bytes()).hexdigest(), rows)
-    return table
 
 
 @pytest.mark.parametrize("profile", ["quick", "workshop", "full"])
@@ -92,13 +65,10 @@ def smoke_env(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("full-smoke")
     (x, y), (xt, yt) = data.synthetic(N_TRAIN, N_TEST, seed=0)
-    table = write_cifar_layout(base / "data", x, y, xt, yt)
+    table = cifar_real_size.write_layout(base / "data", x, y, xt, yt)
     site = base / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "# test only: labkit trusts this run's CIFAR-10-layout fixture by its own MD5 table\n"
-        "import labkit.data.cifar10\n"
-        f"labkit.data.cifar10.CIFAR10_FILES = {table!r}\n")
+    (site / "sitecustomize.py").write_text(cifar_real_size.trust_module(table))
     home = base / "home"
     home.mkdir()
     env = {"LABKIT_PROFILE": "full", "LABKIT_SMOKE": "1", "LABKIT_DATA": str(base / "data"),
