@@ -108,9 +108,12 @@ def _problem(args) -> str | None:
         check_number(args.warmup_epochs, "--warmup-epochs", minimum=0, maximum=args.epochs)
     except ValueError as err:
         return str(err)
-    from labkit import models  # imports TensorFlow, builds nothing
-    if args.model not in models.names():
-        return f"--model must be one of {', '.join(models.names())}; got {args.model!r}"
+    from labkit import models  # noqa: F401  (imports TensorFlow, builds nothing: check_model asks it here)
+    from labkit.scale.settings import check_model
+    try:
+        check_model(args.model, "--model")
+    except ValueError as err:
+        return str(err)
     return None
 
 

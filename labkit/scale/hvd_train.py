@@ -48,7 +48,14 @@ from labkit.base.checks import check_int
 from labkit.scale import checkpoint as ckpt
 from labkit.scale import settings
 from labkit.scale.records import RankRecord
-from labkit.scale.settings import DATA, DEFAULT_MODEL, DEVICES, RunSettings, num_examples_for  # noqa: F401
+from labkit.scale.settings import (  # noqa: F401
+    DATA,
+    DEFAULT_MODEL,
+    DEVICES,
+    RunSettings,
+    check_model,
+    num_examples_for,
+)
 
 PROGRESS_TAG = "LABKIT_PROGRESS"  # rank 0's progress lines, parsed by labkit.scale.scaling.run
 
@@ -119,9 +126,11 @@ def _problem(args) -> str | None:
         return (f"--data synthetic is 32 px with 10 classes; got --image-size {args.image_size} --classes "
                 f"{args.classes} (use --data random for other sizes)")
     if not args.bench_allreduce:
-        from labkit import models  # imports TensorFlow, builds nothing
-        if args.model not in models.names():
-            return f"--model must be one of {', '.join(models.names())}; got {args.model!r}"
+        from labkit import models  # noqa: F401  (imports TensorFlow, builds nothing: check_model asks it here)
+        try:
+            check_model(args.model, "--model")
+        except ValueError as err:
+            return str(err)
     return None
 
 
