@@ -121,7 +121,7 @@ class LoopbackSlurm:
         while True:
             fields = self.job_fields(job_id)
             state = fields.get("JobState", "")
-            if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SIGNALING", "REQUEUED"):
                 return fields
             if time.time() > deadline:
                 self.run("scancel", job_id, check=False)
@@ -297,23 +297,30 @@ def test_multi_node_template_launches_horovod_over_the_allocation(slurm, tmp_pat
 
 
 def test_resumable_template_finishes_one_run_over_two_allocations(slurm, tmp_path):
-    """hpc/resumable.sbatch under a 1-minute limit: SIGUSR1 before the limit (or Slurm's SIGTERM at it), the
-    workers checkpoint, the job requeues itself and resumes; the run ends over 2+ allocations with the checksum
-    of the same run never stopped."""
+    """hpc/resumable.sbatch: SIGUSR1 to the batch script (what --signal=B:USR1@N sends N s before the limit; sent
+    here with scancel once the first checkpoint is on disk, so a loaded machine cannot starve the first
+    allocation), the workers checkpoint, the job requeues itself and resumes; the run ends over 2+ allocations
+    with the checksum of the same run never stopped."""
     from labkit.scale import checkpoint, scaling
     ckpt, results = tmp_path / "ckpt", tmp_path / "resumable.json"
-    run = dict(batch_size=8, steps=1100, repeats=1, warmup_steps=2, threads=1)  # ~700 steps per allocation here
-    job_id, log = slurm.submit("hpc/resumable.sbatch", "--ntasks=2", "--gres=none", "--time=1",
-                               "--signal=B:USR1@40", log=tmp_path / "job-%j.out", LABKIT_VENV=VENV,
+    run = dict(batch_size=8, steps=500, repeats=1, warmup_steps=2, threads=1)
+    job_id, log = slurm.submit("hpc/resumable.sbatch", "--ntasks=2", "--gres=none", "--time=10",
+                               log=tmp_path / "job-%j.out", LABKIT_VENV=VENV,
                                LABKIT_CHECKPOINT=str(ckpt), LABKIT_RESULTS=str(results), LABKIT_PROFILE="quick",
-                               LABKIT_CHECKPOINT_EVERY="200", LABKIT_SCALE_ARGS=" ".join(
+                               LABKIT_CHECKPOINT_EVERY="100", LABKIT_SCALE_ARGS=" ".join(
                                    f"--{k.replace('_', '-')} {v}" for k, v in run.items()) + " --launcher gloo")
-    fields = slurm.wait_job(job_id, timeout=900)
+    deadline = time.time() + 300
+    while (checkpoint.read_meta(ckpt) or {}).get("step", 0) < 100:
+        assert time.time() < deadline and slurm.job_state(job_id) in ("PENDING", "CONFIGURING", "RUNNING"), \
+            f"no checkpoint from the first allocation\n{log.read_text(errors='replace') if log.exists() else ''}"
+        time.sleep(0.3)
+    slurm.run("scancel", "--batch", "--signal=USR1", job_id)
+    fields = slurm.wait_job(job_id, timeout=600)
     text = log.read_text(errors="replace") if log.exists() else "(no job output)"
     assert fields["JobState"] == "COMPLETED", f"{fields.get('JobState')} {fields.get('ExitCode')}\n{text}"
     allocations = re.findall(r"allocation (\d+), checkpoint: (\w+)", text)
     assert len(allocations) >= 2 and allocations[0] == ("1", "none"), f"one allocation only:\n{text}"
-    assert "requeueing job" in text and checkpoint.status(ckpt) == "done"
+    assert allocations[1] == ("2", "stopped") and "requeueing job" in text and checkpoint.status(ckpt) == "done"
     resumed = json.loads(results.read_text())
     whole = scaling.run(2, progress=False, timeout=600, checkpoint=str(tmp_path / "whole"), launcher="gloo", **run)
     assert resumed["runs"][0]["checksums"] == list(whole["checksums"].iloc[0]), text
