@@ -325,6 +325,11 @@ def run(settings: ElasticSettings | None = None, *, local: bool = False, progres
 
 # ----------------------------------------------------------------------------------------------- reading it
 
+_WORDS = {"remove": "taken away", "kill": "lost", "add": "given back"}
+_TABLE_WORDS = {"remove": "node taken away", "kill": "node lost (its worker killed)", "add": "node given back",
+                None: "-"}
+
+
 def load_results(path=RESULTS) -> dict:
     """The committed measurement (for machines where the cluster cannot be built)."""
     return json.loads(Path(path).read_text())
@@ -333,8 +338,7 @@ def load_results(path=RESULTS) -> dict:
 def table(results: dict):
     """One row per change of the world: what was done, where training went on, the time lost."""
     import pandas as pd
-    words = {"remove": "node taken away", "kill": "node lost (worker killed)", "add": "node given back", None: "-"}
-    rows = [{"world": f"{c['size_before']} -> {c['size_after']} workers", "what happened": words[c["action"]],
+    rows = [{"world": f"{c['size_before']} -> {c['size_after']} workers", "what happened": _TABLE_WORDS[c["action"]],
              "at (s)": c["t_s"], "continued from step": c["continued_from_step"], "steps re-done": c["steps_redone"],
              "gap (s)": c["gap_s"], "steady step (ms)": 1e3 * c["steady_step_s"], "time lost (s)": c["time_lost_s"]}
             for c in results["changes"]]
@@ -348,7 +352,7 @@ def plot(results: dict, ax=None):
     ax = ax or plt.subplots(figsize=(7, 4))[1]
     tl = results["timeline"]
     ax.plot(tl["t_s"], tl["step"], color="C0", lw=1.5, label="step")
-    ax.set_xlabel("wall time (s)")
+    ax.set_xlabel("wall time since the workers started (s)")
     ax.set_ylabel("training step", color="C0")
     right = ax.twinx()
     right.step(tl["t_s"], tl["size"], where="post", color="C1", lw=1.5, label="workers")
@@ -358,12 +362,14 @@ def plot(results: dict, ax=None):
     for a in results["actions"]:
         if a["action"] != "stop":
             ax.axvline(a["t_s"], color="0.6", ls="--", lw=0.8)
-            ax.text(a["t_s"], ax.get_ylim()[1], f" {a['action']}", rotation=90, va="top", fontsize=7, color="0.4")
+            ax.text(a["t_s"], ax.get_ylim()[1], " " + _WORDS[a["action"]], rotation=90, va="top", fontsize=7,
+                    color="0.4")
     for c in results["changes"]:
         ax.annotate(f"{c['time_lost_s']:.1f} s lost", (c["t_s"], c["continued_from_step"]), fontsize=7,
                     xytext=(4, -12), textcoords="offset points", color="C3")
-    where = "slots of one machine" if results.get("local") else f"{results['settings']['nodes']}-node virtual cluster"
-    ax.set_title(f"Horovod Elastic on a {where}: {results['data']} data, {results['profile']} profile", fontsize=10)
+    n = results["settings"]["nodes"]
+    where = f"{n} slots of one machine" if results.get("local") else f"a {n}-node virtual cluster"
+    ax.set_title(f"Horovod Elastic on {where}: {results['data']} data, {results['profile']} profile", fontsize=10)
     ax.grid(alpha=0.3)
     return ax
 
@@ -375,7 +381,9 @@ def main(argv=None) -> int:
 
     from labkit.base import resultsfile
     from labkit.deepdive import vcluster
-    p = argparse.ArgumentParser(prog="python -m labkit.cluster.elastic", description=main.__doc__.split(":")[1])
+    p = argparse.ArgumentParser(prog="python -m labkit.cluster.elastic",
+                                description="Horovod Elastic on the virtual cluster: the last node taken away and "
+                                            "given back mid-run (root; the cluster is brought up when none is).")
     p.add_argument("--nodes", type=int, default=ElasticSettings.nodes)
     p.add_argument("--actions", default=",".join(ElasticSettings.actions), help="remove, kill, add, in turn")
     p.add_argument("--steps-per-phase", type=int, default=ElasticSettings.steps_per_phase)
