@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -212,21 +211,23 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     os.chmod(path, mode)
 
 
-def _kill_node_workers(rows, node: str, local: bool, size: int) -> list[int]:
-    """SIGKILL the worker on `node` (local: the one holding the highest rank), as a node that dies takes its
-    processes with it; the pids killed."""
-    latest = {}
-    for r in rows:
-        if "rank" in r:
-            latest[r["pid"]] = r
-    mine = [pid for pid, r in latest.items()
-            if (r["rank"] == size - 1 if local else r["host"] == node) and r.get("event") != "end"]
-    for pid in mine:
+def _kill_node_workers(rows, node: str, marker: str) -> int:
+    """SIGKILL the worker of this run on `node`, as a node that dies takes its processes with it; how many were
+    killed. Only a live process that carries this run's marker: a pid from the logs may be gone, or reused."""
+    import psutil
+
+    from labkit.scale import launch
+    pids = {r["pid"] for r in rows if r.get("host") == node}
+    killed = 0
+    for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return mine
+            p = psutil.Process(pid)
+            if p.environ().get(launch.MARKER_ENV) == marker:
+                p.kill()
+                killed += 1
+        except (psutil.Error, OSError):
+            continue
+    return killed
 
 
 def _stop(proc, marker: str) -> None:
@@ -294,9 +295,9 @@ def run(settings: ElasticSettings | None = None, *, local: bool = False, progres
                     _write(folder / "logs" / "stop", "")
                 else:  # the hosts file first: the node is gone from the list before (or as) its worker dies
                     _write(folder / "hosts", _hosts_text(size, local))
-                killed = _kill_node_workers(logs.rows, node, local, size + 1) if what == "kill" else []
+                killed = _kill_node_workers(logs.rows, node, marker) if what == "kill" else 0
                 actions.append({"t": time.time(), "action": what, "node": node, "at_step": now[-1]["step"],
-                                "size_after": size, **({"pids_killed": len(killed)} if what == "kill" else {})})
+                                "size_after": size, **({"workers_killed": killed} if what == "kill" else {})})
                 say(f"step {now[-1]['step']}: {what} {node if what != 'stop' else ''}".rstrip())
             time.sleep(0.1)
         try:

@@ -248,3 +248,22 @@ def test_a_worker_taken_away_and_given_back_on_this_machine():
     settings = elastic.ElasticSettings(nodes=2, actions=("remove", "add"), steps_per_phase=40, timeout=150)
     _check_run(elastic.run(settings, local=True, progress=None), 2)
     assert _temp_folders() <= before
+
+
+def test_a_lost_node_kills_only_this_runs_live_worker_on_it():
+    """The pids come from the logs (one may be gone, or reused by now): only a process with the run's marker dies."""
+    from labkit.scale import launch
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ours = subprocess.Popen(sleep, env={**launch.child_env(), launch.MARKER_ENV: "run-a"})
+    other_run = subprocess.Popen(sleep, env={**launch.child_env(), launch.MARKER_ENV: "run-b"})
+    elsewhere = subprocess.Popen(sleep, env={**launch.child_env(), launch.MARKER_ENV: "run-a"})
+    try:
+        rows = [{"host": "labkit-node3", "pid": ours.pid}, {"host": "labkit-node3", "pid": other_run.pid},
+                {"host": "labkit-node1", "pid": elsewhere.pid}, {"host": "labkit-node3", "pid": 2 ** 22 + 7}]
+        assert elastic._kill_node_workers(rows, "labkit-node3", "run-a") == 1
+        assert ours.wait(timeout=10) == -9
+        assert other_run.poll() is None and elsewhere.poll() is None
+    finally:
+        for p in (ours, other_run, elsewhere):
+            p.kill()
+            p.wait()
