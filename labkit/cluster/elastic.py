@@ -332,8 +332,8 @@ _TABLE_WORDS = {"remove": "node taken away", "kill": "node lost (its worker kill
 
 
 def load_results(path=RESULTS) -> dict:
-    """The committed measurement (for machines where the cluster cannot be built)."""
-    return json.loads(Path(path).read_text())
+    """The committed measurement (for machines where the cluster cannot be built), or a run of yours at path."""
+    return json.loads(Path(path).expanduser().read_text())
 
 
 def table(results: dict):
