@@ -58,6 +58,7 @@ MINUTES = {
     "6.2": (5, "skip"),
     "6.3": (3, "keep"),
     "6.4": (10, "keep"),
+    "8.1": (15, "keep (08 is self-paced: the checkpoint every rank resumes from)"),
 }
 
 

@@ -446,3 +446,4 @@ def head_params(base, classes: int) -> Spec:
 from labkit.exercises.check_code import conv_macs_function, im2col_function, training_step  # noqa: E402,F401
 from labkit.exercises.check_code_models import pareto_function, transfer_function  # noqa: E402,F401
 from labkit.exercises.check_hvd import keras_hvd  # noqa: E402,F401  (04: a script, judged by running it)
+from labkit.exercises.check_resume import resume_hvd  # noqa: E402,F401  (08: a script stopped part way and resumed)

@@ -124,12 +124,13 @@ def script_args(**overrides) -> list[str]:
 
 
 def run_scripts(scripts, args=None, *, np_: int = NP, timeout: float = TIMEOUT, timing: bool = False,
-                env_extra=None) -> list[list[dict]]:
+                env_extra=None, module: str = HARNESS) -> list[list[dict]]:
     """Run each script on np_ Horovod ranks, one after the other in one launch (labkit.exercises.hvd_harness); for
     each script, its ranks' records. An entry is a path (run with args), or (path, its own arguments). Horovod stays
     initialised from the first script that calls hvd.init() on, so a script without hvd.init() is only judged as
     such before it (labkit.exercises.hvd_harness). The ranks load data at smoke scale (LABKIT_SMOKE=1: 1000
-    images; env_extra may say otherwise). Raises labkit.scale.launch.HorovodRunError if the launch itself fails or
+    images; env_extra may say otherwise). module: the ranks' harness (08's labkit.exercises.resume_harness wraps this
+    one). Raises labkit.scale.launch.HorovodRunError if the launch itself fails or
     times out."""
     if not scripts:
         raise ValueError("scripts must name at least one script")
@@ -147,7 +148,7 @@ def run_scripts(scripts, args=None, *, np_: int = NP, timeout: float = TIMEOUT, 
     from labkit.scale.launch import launch
     ranks = launch(np_, [*own, "--", *(script_args() if args is None else args)], timeout=timeout,
                    progress=False, env_extra={"LABKIT_SMOKE": "1", **STALL_ENV, **(env_extra or {})},
-                   label=f"{np_} workers", module=HARNESS)
+                   label=f"{np_} workers", module=module)
     return [[r["scripts"][k] for r in ranks] for k in range(len(scripts))]
 
 
