@@ -360,13 +360,15 @@ def _main(args) -> int:
     if args.shapes:
         return shapes_table(args)
     with box:
-        print(f"box: {memory / GiB:.2f} GiB memory, {args.cpus} CPUs, cgroup {'v1' if box.v1 else 'v2'} "
+        cpus = f"{args.cpus} CPU{'' if args.cpus == 1 else 's'}"
+        print(f"box: {memory / GiB:.2f} GiB memory, {cpus}, cgroup {'v1' if box.v1 else 'v2'} "
               f"({box.name})", flush=True)
         hogs = []
         try:
             hogs = start_hogs(box, args.busy)
             if hogs:
-                print(f"busy: {len(hogs)} spinning process(es), pid {' '.join(str(h.pid) for h in hogs)}", flush=True)
+                spinning = f"{len(hogs)} spinning process{'' if len(hogs) == 1 else 'es'}"
+                print(f"busy: {spinning}, pid {' '.join(str(h.pid) for h in hogs)}", flush=True)
             return _in_box(box, args, memory)
         finally:
             stop_hogs(hogs)

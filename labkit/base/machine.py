@@ -92,9 +92,10 @@ def cores() -> int:
 _cores = cores  # for default_threads, whose `cores` argument hides the function
 
 
-def count_text(n: int, noun: str) -> str:
-    """n and the noun, singular for one: '1 usable core', '2 usable cores'. (00_welcome)"""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+def count_text(n: int, noun: str, plural: str | None = None) -> str:
+    """n and the noun, singular for one: '1 usable core', '2 usable cores' (plural where adding s is wrong:
+    '2 processes'). (00_welcome)"""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 _NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one folder per GPU the NVIDIA driver runs (Linux)

@@ -68,6 +68,7 @@ def test_free_memory_is_the_limit_less_every_process_of_the_cgroup(tmp_path, mon
 def test_numbers_agree_with_nouns(monkeypatch):
     monkeypatch.setenv("LABKIT_CORES", "1")
     assert machine.count_text(1, "usable core") == "1 usable core" and machine.count_text(2, "core") == "2 cores"
+    assert machine.count_text(3, "process", "processes") == "3 processes"
     assert " 1 usable core of " in machine.describe(tensorflow=False).splitlines()[0]
     assert config.describe().splitlines()[1].endswith(" on 1 core")
     assert observe.conditions(cores=1, load=0.0).startswith("load average 0.00 (1 min) on 1 usable core:")

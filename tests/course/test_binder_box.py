@@ -114,7 +114,7 @@ def _in_box(notebook, *box_args):
                                       "07_scaling_deep_dive.ipynb"])
 def test_notebook_runs_through_on_one_cpu(notebook, box_first_cpu):
     stdout = _in_box(notebook, "--cpus", "1", "--first-cpu", str(box_first_cpu))
-    assert "2.00 GiB memory, 1 CPUs" in stdout
+    assert "2.00 GiB memory, 1 CPU," in stdout
 
 
 @needs_box
