@@ -316,3 +316,18 @@ def test_07s_pace_is_its_paired_launch_of_one_and_two_workers():
     assert reference.fit(2, "{n} of {full} batch sizes") == (2, "")
     slow = deepdive_plans.pace(6 * 42.0, "workshop", Machine(1, 2 * GiB))
     assert slow.fit(2, "{n} of {full} batch sizes")[0] == 1 and "to keep 07 within" in slow.fit(2, "{n}")[1]
+
+
+def test_05s_pace_is_as_planned_on_its_reference_run_and_cuts_a_shared_core():
+    """05's first lease against its plan: the reference refresh (6 networks of 8 x 3,000 images, 2 workers, 72 s
+    with start-up, at load 1.7) is within its allowance; the same lease 3x slower cuts the speed-up's repeats."""
+    two = Machine(2, 4 * GiB)
+    ref = sweep_plans.pace(72.0, 6, 8 * 3000, 2, two)
+    assert 0.8 < ref.ratio <= plans.ALLOWANCE and ref.fit(2, "{n} of {full}") == (2, "")
+    slow = sweep_plans.pace(3 * 72.0, 6, 8 * 3000, 2, two)
+    repeats, why = slow.fit(2, "the speed-up is timed {n} time(s) per worker count instead of {full}")
+    assert repeats == 1 and "instead of 2" in why and "to keep 05 within its slot" in why
+    one = sweep_plans.pace(72.0, 6, 8 * 3000, 1, Machine(1, 2 * GiB))  # one worker: twice the work per core
+    assert one.planned_s > ref.planned_s
+    with pytest.raises(ValueError, match="workers"):
+        sweep_plans.pace(72.0, 6, 8 * 3000, 0, two)
