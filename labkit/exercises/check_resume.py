@@ -112,11 +112,13 @@ def _resume_mistake(whole, resumed) -> Verdict | None:
     """Where the resumed run began (the step of the run never stopped whose weights it starts from), and what of
     the state it did not bring back, or None."""
     steps, first = whole[0]["resume"]["steps"], resumed[0]["resume"]["steps"]
-    if not first:
-        return None  # it trained nothing: the final weights say the rest
+    if not first:  # fit had nothing left to run: the epoch restored past the run's last one
+        return _mistake("epoch_not_restored", got=0, left=f"{len(steps) - KILL_AFTER} or more",
+                        how="fit found no epoch left to run")
     at = next((s for s, step in enumerate(steps) if step["weights"] == first[0]["weights"]), None)
     if at is None or at == 0:
-        how = "again from new weights" if at == 0 else "from weights the run never stopped never had"
+        how = ("again from new weights" if at == 0 else
+               "from weights that are neither new ones nor those of any step of the run never stopped")
         return _mistake("not_restored", how=how)
     a, b = (r["resume"]["steps"][0]["weights"] for r in (resumed[0], resumed[-1]))
     if a != b:

@@ -17,8 +17,6 @@ from labkit.exercises import check_resume
 from labkit.exercises.resume_harness import kills
 from labkit.exercises.verdict import CHECKERS
 
-launches = [pytest.mark.horovod, pytest.mark.slow]  # the tests that start horovodrun (the fixture's launch is shared)
-
 REF = check_resume.REFERENCE.read_text()
 
 
