@@ -289,7 +289,7 @@ def _steps(tf, hvd, args, model, opt) -> dict:
             with tf.control_dependencies([hvd.allreduce(done, op=hvd.Average, name="barrier")]):
                 return tf.identity(loss)
 
-        steps["main"] = tf.function(barrier_step, jit_compile=jit)
+        steps["main"] = tf.function(barrier_step, jit_compile=jit, autograph=False)  # as make_train_step
     if args.no_function:
         steps = {k: step.python_function for k, step in steps.items()}  # the same steps, run eagerly op by op
     return steps

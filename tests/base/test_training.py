@@ -323,6 +323,25 @@ def test_train_step_matches_keras_train_on_batch():
         np.testing.assert_allclose(wa, wb, rtol=1e-4, atol=1e-6)
 
 
+def test_train_step_without_autograph_gives_autograph_s_weights_bit_for_bit():
+    """make_train_step traces without AutoGraph (a start-up cost, not a speed one): the oracle is the same step
+    traced with it, from the same weights on the same batches."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(8, 16, 16, 3)).astype(np.float32), np.arange(8, dtype=np.int32) % 10
+    a = cifar.small_cnn(input_shape=(16, 16, 3))
+    b = tf.keras.models.clone_model(a)
+    b.set_weights(a.get_weights())
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
+    ours = training.make_train_step(a, tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9), loss_fn)
+    assert ours.function_spec is not None and not ours._autograph
+    with_autograph = training.make_train_step(b, tf.keras.optimizers.legacy.SGD(0.05, momentum=0.9), loss_fn)
+    with_autograph = tf.function(with_autograph.python_function, autograph=True)
+    for _ in range(3):
+        assert float(ours(tf.constant(x), tf.constant(y))) == float(with_autograph(tf.constant(x), tf.constant(y)))
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(wa, wb)
+
+
 def test_train_step_applies_the_tape_wrapper():
     calls = []
 
