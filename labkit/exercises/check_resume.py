@@ -108,6 +108,15 @@ def _failure(runs) -> Verdict | None:
     return None
 
 
+def _apart(resumed) -> bool:
+    """Whether the ranks began the resumed run apart: an error, or other weights or optimizer slots at its first
+    step (a checkpoint read on one rank and broadcast before that step is right)."""
+    firsts = [r["resume"]["steps"][:1] for r in resumed]
+    if any(r.get("error") for r in resumed) or not all(firsts):
+        return True
+    return len({(f[0]["weights"], f[0]["slots"]) for f in firsts}) > 1
+
+
 def _resume_mistake(whole, resumed) -> Verdict | None:
     """Where the resumed run began (the step of the run never stopped whose weights it starts from), and what of
     the state it did not bring back, or None."""
@@ -130,11 +139,14 @@ def _resume_mistake(whole, resumed) -> Verdict | None:
                if got > total - at else "fit stopped before the last epoch")
         return _mistake("epoch_not_restored", got=got, left=total - at, how=how)
     want = steps[at]
-    if first[0]["iterations"] != want["iterations"] or None not in (first[0]["slots"], want["slots"]) and \
-            first[0]["slots"] != want["slots"]:
-        how = (f"at step {first[0]['iterations']}" if first[0]["iterations"] != want["iterations"] else
-               f"at step {want['iterations']} but with other momentum")
-        return _mistake("optimizer_lost", how=how, want=want["iterations"])
+    for w, r in zip(whole, resumed):  # every rank's optimizer against the same rank's in the run never stopped
+        mine, theirs = r["resume"]["steps"][0], w["resume"]["steps"][at]
+        if mine["iterations"] != theirs["iterations"] or None not in (mine["slots"], theirs["slots"]) and \
+                mine["slots"] != theirs["slots"]:
+            how = (f"at step {mine['iterations']}" if mine["iterations"] != theirs["iterations"] else
+                   f"at step {theirs['iterations']} but with other momentum")
+            return _mistake("optimizer_lost", how=how + (f" on rank {r['rank']}" if r["rank"] else ""),
+                            want=theirs["iterations"])
     if None not in (first[0]["lr"], want["lr"]) and not math.isclose(first[0]["lr"], want["lr"], rel_tol=1e-6):
         return _mistake("lr_restarted", got=first[0]["lr"], want=want["lr"], epoch=want["epoch"],
                         at=first[0]["epoch"])
@@ -155,7 +167,7 @@ def verdict_of(runs) -> Verdict:
     if len(writers) > 1:  # first: several writers may also make a run fail
         return _mistake("every_rank_writes", ranks=" and ".join(map(str, writers)), n=len(writers))
     readers = [r["rank"] for r in resumed if r["resume"]["reads"]]
-    if readers and len(readers) < len(resumed):  # first too: the ranks may then fail in Horovod's broadcast
+    if 0 < len(readers) < len(resumed) and _apart(resumed):  # before failures: Horovod's broadcast may then fail
         other = next(r["rank"] for r in resumed if r["rank"] not in readers)
         return _mistake("restored_on_one_rank", rank=other, who=f"only rank {', '.join(map(str, readers))} reads "
                                                                 "the checkpoint")
