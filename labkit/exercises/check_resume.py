@@ -1,18 +1,20 @@
 """The checker of 08's resume exercise: it runs the learner's Horovod script on 2 workers, stops it part way, runs it
 again, and names the first mistake of its resume.
 
-`check_resume.resume_hvd(answer)` takes the path of the learner's copy of labkit/cluster/resume_start.py made
-resumable (or the script's text) and runs it three times in one launch through labkit.scale.launch
+`check_resume.resume_hvd(answer)` takes the name of the learner's copy of labkit/cluster/resume_start.py made
+resumable and runs it three times in one launch through labkit.scale.launch
 (labkit.exercises.resume_harness records what each rank did): once to the end, once stopped after KILL_AFTER of
 its steps (at the end of a step, on every rank, as a kill would), and once more with the same checkpoint folder,
 which must continue the stopped run. A resume is right when the continued run ends with the weights of the run
-never stopped, bit for bit. The mistakes, in the order they are checked (MISTAKES), each found by its effect:
-every rank writing the checkpoint; the weights not restored, or restored on one rank only (the first step after
-the resume compared with every step of the run never stopped: the one whose weights it starts from is where the
-checkpoint was); the epoch not restored (the steps trained after the resume against the steps that were left);
-the optimizer's state lost (its step counter and momentum slots at the first step after the resume); the LR
-schedule started again (the learning rate of that step); the data replayed from its first batch (the batch that
-step trains on, on each rank). A script that writes no checkpoint is "not answered yet".
+never stopped, bit for bit. The mistakes, each found by its effect, in the order they are checked: every rank
+writing the checkpoint; the checkpoint read on one rank only while the ranks then begin apart (an error, or other
+weights or slots at the first step: reading on rank 0 and broadcasting everything before that step is right); a
+run that failed, in one line; the weights not restored (the first step after the resume compared with every step
+of the run never stopped: the one whose weights it starts from is where the checkpoint was); the epoch not
+restored (the steps trained after the resume against the steps that were left); the optimizer's state lost (its
+step counter and momentum slots at the first step after the resume, rank by rank); the LR schedule started again
+(the learning rate of that step); the data replayed from its first batch (the batch that step trains on, on each
+rank). A script that writes no checkpoint is "not answered yet".
 `resume_hvd.judge(answer)` returns the Verdict instead; `run_resumes` / `verdict_of` let several scripts share one
 launch (the tests). (08_training_on_the_cluster)
 """
