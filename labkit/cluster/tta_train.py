@@ -191,8 +191,8 @@ def _untimed_first_step(hvd, model, opt, step, batch) -> None:
     float(step(*batch))
     for v, value in zip(state, saved):
         v.assign(value)
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    hvd.broadcast_variables(opt.variables(), root_rank=0)
+    from labkit.base import training
+    training.from_rank0(hvd, state)()
 
 
 def train(args) -> dict:

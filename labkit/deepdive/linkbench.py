@@ -102,8 +102,8 @@ def _model_and_steps(tf, hvd, args, rank):
 
 
 def _broadcast(hvd, model, opt) -> None:
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    hvd.broadcast_variables(opt.variables(), root_rank=0)
+    from labkit.base import training
+    training.from_rank0(hvd, [*model.variables, *opt.variables()])()
 
 
 def _time_steps(steps: dict, n_steps: int, repeats: int) -> dict:

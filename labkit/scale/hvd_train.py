@@ -451,12 +451,9 @@ def train(args) -> RankRecord:
                                          momentum=args.momentum)
     steps = _steps(tf, hvd, args, model, opt)
 
-    def broadcast():  # everyone from rank 0's weights and optimizer state
-        hvd.broadcast_variables(model.variables, root_rank=0)
-        hvd.broadcast_variables(opt.variables(), root_rank=0)
-
     opt._create_all_weights(model.trainable_variables)  # the slots exist before the first broadcast
     state = (*model.variables, *opt.variables())  # weights, then the step counter (the LR's) and momentum slots
+    broadcast = training.from_rank0(hvd, state)  # everyone from rank 0's weights and optimizer state
     if done and rank == 0:
         _restore(state, ckpt.read_arrays(args.checkpoint), args.checkpoint)
     broadcast()  # a fresh run's rank-0 weights, or the checkpoint, on every rank
