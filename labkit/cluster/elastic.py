@@ -288,7 +288,10 @@ def run(settings: ElasticSettings | None = None, *, local: bool = False, progres
                                    f"done: {[a['action'] for a in actions]}\n{_tail(folder)}")
             steps = world_steps(logs.read())
             now = [s for s in steps if s["generation"] == steps[-1]["generation"]] if steps else []
-            if now and now[0]["size"] == size and len(now) >= settings.steps_per_phase:
+            # a node dies half-way between two commits (a kill at a commit would cost no step: the worst case is
+            # a commit interval, the typical one half of it)
+            wait = settings.steps_per_phase + (settings.commit_every // 2 if todo[0] == "kill" else 0)
+            if now and now[0]["size"] == size and len(now) >= wait:
                 what, node = todo.pop(0), _node(n, local)
                 size += {"remove": -1, "kill": -1, "add": 1}.get(what, 0)
                 if what == "stop":
