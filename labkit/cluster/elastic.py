@@ -398,7 +398,9 @@ def main(argv=None) -> int:
         settings = ElasticSettings(nodes=args.nodes, actions=tuple(a.strip() for a in args.actions.split(",")),
                                    steps_per_phase=args.steps_per_phase).check()
         resultsfile.check_target(args.out, "--out", own=resultsfile.json_document("changes", "timeline"))
-    except ValueError as err:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # room for the results now, not after the run
+        resultsfile.check_space(args.out, resultsfile.RESULTS_RESERVE_BYTES, "--out")
+    except (OSError, ValueError) as err:
         print(f"elastic: {err}", file=sys.stderr)
         return 2
     started = False

@@ -267,3 +267,12 @@ def test_a_lost_node_kills_only_this_runs_live_worker_on_it():
         for p in (ours, other_run, elsewhere):
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("argv, expected", [(["--actions", "drop"], "elastic: actions must be a sequence of remove, "
+                                                                     "kill, add; got ('drop',)"),
+                                            (["--nodes", "1"], "elastic: nodes must be")])
+def test_the_command_refuses_bad_input_in_one_line_before_any_cluster(argv, expected, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "labkit.cluster.elastic", *argv, "--out", str(tmp_path / "e.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith(expected) and res.stderr.count("\n") == 1, res
