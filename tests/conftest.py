@@ -92,7 +92,7 @@ _LAST = {**{u: 1 for u in SOLO_CORE_UNITS.values()}, SOLO_UNIT: 2}  # the order 
 
 def _unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    if path == CORE_COUNTS:  # ten notebook runs: each its own unit, spread over both test processes
+    if path == CORE_COUNTS:  # eight notebook runs: each its own unit, spread over both test processes
         return nodeid
     if path == FULL_SMOKE and "_template_" not in nodeid:  # its notebook runs need no Slurm: not the serial unit's
         return FULL_SMOKE
