@@ -1,6 +1,6 @@
 """The script every Horovod Elastic worker runs: a small model trained on state that survives workers coming and going.
 
-    horovodrun --gloo -np 3 --min-np 1 --max-np 3 --host-discovery-script ./hosts.sh \\
+    horovodrun --gloo -np 3 --min-np 1 --max-np 3 --host-discovery-script ./discover-hosts \\
         python -m labkit.cluster.elastic_train --out DIR --steps 5000
 
 The training state is one hvd.elastic.TensorFlowKerasState: the model's and the optimizer's variables (the momentum

@@ -150,6 +150,12 @@ _EXEMPT = {
     ("labkit/scale/checkpoint.py", "np.savez(buf, "): "an in-memory buffer, written by resultsfile.write_bytes",
     ("scripts/probe_inputs.py", ".write_text("): "fixtures in the probe's own fresh temporary folder; the probe "
                                                "also runs an older labkit (PYTHONPATH) that has no writer",
+    ("labkit/cluster/elastic.py", 'open(folder / "horovodrun.out", "wb")'): "horovodrun's output stream, in the "
+    "run's own temporary folder; read after the run, kept by nobody",
+    ("labkit/cluster/elastic_train.py", '"a", buffering=1)'): "a log each worker appends a line to per step (a "
+    "line at a time, so a worker killed mid-run leaves whole lines), in the driver's temporary folder",
+    ("labkit/cluster/resume_hvd.py", "manager.save()"): "a script the learner reads: tf.train.CheckpointManager "
+    "writes the files under new names and replaces its index file whole",
 }
 
 
