@@ -21,6 +21,15 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("P
 ENV.pop("LABKIT_DEBUG", None)
 
 
+def edited(src: str, *edits) -> str:
+    """src with each (old, new) replaced; each old text must be there exactly once, so that a changed reference
+    script fails the test that plants a mistake in it instead of planting nothing."""
+    for old, new in edits:
+        assert src.count(old) == 1, f"the reference no longer contains {old!r} once"
+        src = src.replace(old, new)
+    return src
+
+
 def labkit_cli(*argv, env_extra=None, cwd=ROOT, timeout=300):
     """`python -m labkit ARGV` as a user runs it; the finished process (stdout, stderr, returncode)."""
     import sys

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers import edited
 from labkit.exercises import check_hvd
 from labkit.exercises.verdict import CHECKERS
 
@@ -19,12 +20,8 @@ REF = check_hvd.REFERENCE.read_text()
 
 
 def _broken(*edits):
-    """The reference with each (old, new) replaced; the old text must be there, so a changed reference fails here."""
-    src = REF
-    for old, new in edits:
-        assert src.count(old) == 1, f"the reference no longer contains {old!r} once"
-        src = src.replace(old, new)
-    return src
+    """The reference with each (old, new) replaced (helpers.edited: each old text there exactly once)."""
+    return edited(REF, *edits)
 
 
 FIT = "history = model.fit(dataset, "

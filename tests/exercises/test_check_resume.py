@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import edited
 from labkit.exercises import check_resume
 from labkit.exercises.resume_harness import kills
 from labkit.exercises.verdict import CHECKERS
@@ -21,12 +22,8 @@ REF = check_resume.REFERENCE.read_text()
 
 
 def _broken(*edits):
-    """The reference with each (old, new) replaced; the old text must be there, so a changed reference fails here."""
-    src = REF
-    for old, new in edits:
-        assert src.count(old) == 1, f"the reference no longer contains {old!r} once"
-        src = src.replace(old, new)
-    return src
+    """The reference with each (old, new) replaced (helpers.edited: each old text there exactly once)."""
+    return edited(REF, *edits)
 
 
 RESTORE = "    checkpoint.restore(manager.latest_checkpoint)"
