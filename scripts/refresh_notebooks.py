@@ -41,6 +41,18 @@ HERE = Path(__file__).resolve().parent.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # this checkout's labkit
 MAX_LOAD_PER_CORE = 0.3  # above it, other programs would slow the measurements the outputs commit
+SETTLE_LOAD_PER_CORE, SETTLE_MAX_S = 0.5, 150  # between notebooks: the last one's load decays (1-min average)
+
+
+def settle(cores: int, *, load=None, sleep=time.sleep, clock=time.monotonic, limit_s: float = SETTLE_MAX_S) -> float:
+    """Wait, at most limit_s seconds, until the 1-minute load average is at most SETTLE_LOAD_PER_CORE x cores: the
+    notebook before left it high (its own launches), and a measuring notebook's first cell reads it to say whether
+    the machine is busy. Returns the seconds waited."""
+    load = load or load_average
+    start = clock()
+    while load() > SETTLE_LOAD_PER_CORE * cores and clock() - start < limit_s:
+        sleep(2.0)
+    return clock() - start
 
 
 class CellFailed(Exception):
@@ -322,8 +334,10 @@ def main(argv=None) -> int:
     print(f"{'notebook':<32} {'wall time':>10} {'peak RSS':>10} {'peak PSS':>10} {'load before -> after':>21}",
           flush=True)
     total, failed = 0.0, []
-    for path in paths:
+    for i, path in enumerate(paths):
         record = {}
+        if i and not args.no_write and (waited := settle(cores)) >= 1:
+            print(f"(waited {waited:.0f} s for the load average to settle: {load_average():.2f})", flush=True)
         try:
             elapsed, peak, peak_pss = run_notebook(path, write=not args.no_write, timeout=args.timeout, record=record,
                                                    notes={"generic_blas": slow_blas})

@@ -93,7 +93,7 @@ def busy_line(cores: int | None = None, load: float | None = None, busy=None) ->
         return ""
     text = f"load average {busy.cores:.1f}" if busy.source == "load average" else busy.text
     return (f"This machine is busy: {text} against {machine.count_text(cores, 'usable core')}. {busy.others} "
-            "compete for the cores, so the timings below will be noisy and slower than the reference machine's.")
+            "compete for the cores, so the timings below will be noisy and slower than on an idle machine.")
 
 
 def say_if_busy() -> None:

@@ -387,8 +387,9 @@ def evaluate(model, x, y, batch_size=256, classes=None) -> Evaluation:
 # Plots for the notebook
 
 
-def plot_confusion(evaluation: Evaluation, class_names=None, ax=None):
-    """Confusion matrix as a heat map with counts (rows true, columns predicted)."""
+def plot_confusion(evaluation: Evaluation, class_names=None, ax=None, note: str = ""):
+    """Confusion matrix as a heat map with counts (rows true, columns predicted); note (e.g. the data set and
+    profile) joins the title."""
     import matplotlib.pyplot as plt
 
     cm = evaluation.confusion
@@ -404,7 +405,7 @@ def plot_confusion(evaluation: Evaluation, class_names=None, ax=None):
                     color="white" if cm[i, j] > cm.max() / 2 else "black")
     ax.set_xlabel("predicted class")
     ax.set_ylabel("true class")
-    ax.set_title(f"confusion matrix ({evaluation.accuracy:.1%} correct)")
+    ax.set_title(f"confusion matrix ({evaluation.accuracy:.1%} correct{'; ' + note if note else ''})")
     ax.figure.colorbar(im, ax=ax, label="images")
     return ax
 
@@ -442,8 +443,9 @@ def filter_smoothness(w) -> np.ndarray:
     return np.array(out)
 
 
-def plot_filters(model, layer=None):
-    """First-layer (or the named Conv2D layer's) filters as small RGB images, each scaled to [0, 1]."""
+def plot_filters(model, layer=None, note: str = ""):
+    """First-layer (or the named Conv2D layer's) filters as small RGB images, each scaled to [0, 1]; note (e.g. the
+    data set and profile) joins the title."""
     import matplotlib.pyplot as plt
 
     convs = [lay for lay in model.layers if isinstance(lay, tf.keras.layers.Conv2D)]
@@ -460,6 +462,6 @@ def plot_filters(model, layer=None):
         if i < n:
             f = w[..., i]
             ax.imshow((f - f.min()) / (np.ptp(f) + 1e-12), interpolation="nearest")
-    fig.suptitle(f"{conv.name}: {n} learned {w.shape[0]}x{w.shape[1]} filters")
+    fig.suptitle(f"{conv.name}: {n} learned {w.shape[0]}x{w.shape[1]} filters{f' ({note})' if note else ''}")
     fig.tight_layout()
     return fig

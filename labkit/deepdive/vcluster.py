@@ -330,7 +330,8 @@ def plot(results: dict, ax=None):
     ax.set_xscale("log")
     ax.set_xlabel("link speed (Mbit/s)")
     ax.set_ylabel("time per training step (ms)")
-    ax.set_title(f"{results['model']}, batch {results['batch_size_per_rank']} per node, {results['np']} nodes")
+    when = f", recorded {results['date']}" if results.get("date") else ""  # the course's run, not this machine's
+    ax.set_title(f"{results['model']}, batch {results['batch_size_per_rank']} per node, {results['np']} nodes{when}")
     ax.legend(fontsize=8)
     return ax
 

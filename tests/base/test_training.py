@@ -266,10 +266,12 @@ def test_plots_build():
     x, y = tiny_data(20)
     model = training.compile_sgdm(tiny_model(), lr=0.05)
     ev = training.evaluate(model, x, y)
-    training.plot_confusion(ev, ["a", "b", "c"])
+    ax = training.plot_confusion(ev, ["a", "b", "c"], note="synthetic data, quick profile")
+    assert ax.get_title().endswith("correct; synthetic data, quick profile)"), ax.get_title()
     training.plot_misclassified(x, ev, ["a", "b", "c"], n=4)
-    fig = training.plot_filters(model)
+    fig = training.plot_filters(model, note="synthetic data, quick profile")
     assert len([a for a in fig.axes if a.images]) == 4
+    assert fig._suptitle.get_text().endswith("filters (synthetic data, quick profile)")
     plt.close("all")
 
 

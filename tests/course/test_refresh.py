@@ -192,3 +192,17 @@ def test_a_stalled_cell_fails_in_its_bound_naming_the_cell(tmp_path, monkeypatch
     with pytest.raises(refresh.CellFailed, match="cell 0 raised"):
         refresh.run_notebook(path, write=False, timeout=600)
     assert time.perf_counter() - start < 45
+
+
+def test_settle_waits_until_the_load_decays_and_no_longer_than_its_limit():
+    now = [0.0]
+    loads = iter([2.5, 1.8, 1.2, 0.9, 0.7])  # a 2-core machine after 04's launches, every 2 s
+
+    def sleep(s):
+        now[0] += s
+
+    waited = refresh.settle(2, load=lambda: next(loads), sleep=sleep, clock=lambda: now[0])
+    assert waited == 6.0  # 0.9, the fourth reading, is the first at or below 0.5 x 2 cores: three sleeps
+    now[0] = 0.0
+    assert refresh.settle(2, load=lambda: 3.0, sleep=sleep, clock=lambda: now[0], limit_s=10) == 10.0
+    assert refresh.settle(2, load=lambda: float("nan"), sleep=sleep, clock=lambda: now[0]) == 0.0  # no load average
