@@ -3,8 +3,9 @@
 Each command lives in the module that does the work, as `cli_main(argv) -> int`; this file only
 routes to it, so `labkit --help` stays fast (nothing heavy is imported until a command runs).
 
-Bad input is one line on stderr and exit status 2, before any work: LABKIT_PROFILE is checked before a
-command starts, and a ValueError, TypeError or OSError escaping a command is printed as one line
+Bad input is one line on stderr and exit status 2, before any work: LABKIT_PROFILE, LABKIT_CORES, LABKIT_MEMORY
+and LABKIT_GPUS are checked before a command starts (each command reads them through machine.setting), and a
+ValueError, TypeError or OSError escaping a command is printed as one line
 (LABKIT_DEBUG=1 shows the traceback instead). (00_welcome)
 """
 from __future__ import annotations
@@ -54,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown command {name!r}; choose from: {', '.join(COMMANDS)}")
     debug = os.environ.get("LABKIT_DEBUG", "").strip() not in ("", "0")
     asks_help = any(a in ("-h", "--help") for a in rest)
-    if name != "doctor" and not asks_help:  # doctor reports a bad profile as one of its checks
+    if name != "doctor" and not asks_help:  # doctor reports a bad profile or setting as one of its checks
         try:
             config.profile()
+            _check_settings()
         except ValueError as err:
             return _one_line(name, err)
     module_name = COMMANDS[name][0]
@@ -79,6 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         return _one_line(name, err, hint=True)
+
+
+def _check_settings() -> None:
+    """ValueError (one line naming the variable) when LABKIT_CORES, LABKIT_MEMORY or LABKIT_GPUS is set to a value
+    machine.setting refuses: a command that never reads one (labkit sweep and LABKIT_GPUS) still refuses it."""
+    from labkit.base import machine
+
+    for variable in (machine.CORES_ENV, machine.MEMORY_ENV, machine.GPUS_ENV):
+        machine.setting(variable)
 
 
 def _one_line(name: str, err: BaseException, hint: bool = False) -> int:

@@ -113,3 +113,18 @@ def test_a_reader_that_goes_away_is_not_an_error():
                           timeout=300)
     os.close(w)
     assert proc.returncode == 141 and proc.stderr == "", (proc.returncode, proc.stderr)
+
+
+@pytest.mark.parametrize("variable, value", [("LABKIT_MEMORY", "abc"), ("LABKIT_MEMORY", "512k"),
+                                             ("LABKIT_CORES", "100000"), ("LABKIT_GPUS", "-1")])
+def test_a_bad_setting_is_refused_before_any_command_runs(fake_command, monkeypatch, capsys, variable, value):
+    """A command that never reads the setting (labkit sweep and LABKIT_MEMORY, once) still refuses it, in one line."""
+    ran = []
+    fake_command.cli_main = ran.append
+    for name in ("LABKIT_CORES", "LABKIT_MEMORY", "LABKIT_GPUS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, value)
+    assert cli.main(["boom"]) == 2
+    err = capsys.readouterr().err
+    assert ran == [] and err.count("\n") == 1 and err.startswith(f"labkit boom: {variable} must be ")
+    assert f"got {value!r}" in err and "LABKIT_DEBUG" not in err
