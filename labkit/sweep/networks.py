@@ -332,7 +332,27 @@ def _pick_configs(args) -> list[dict]:
             raise ValueError(f"--configs has unknown names {', '.join(unknown)}; choose from {', '.join(by_name)}")
         configs = [by_name[n] for n in wanted]
     check_workers(args.num_workers, "--workers", oversubscribe=args.oversubscribe or args.list)
+    if not args.list:
+        check_memory(args.num_workers)
     return configs
+
+
+def check_memory(num_workers: int, available: int | None = None) -> None:
+    """ValueError (one line, naming --workers) when num_workers sweep workers of plans.WORKER_BYTES each cannot fit
+    in this machine's available memory (machine.memory_available: LABKIT_MEMORY honoured), as `labkit scale`
+    refuses a batch that cannot fit. (05_network_sweep)"""
+    from labkit.base import machine
+    from labkit.sweep.plans import WORKER_BYTES
+
+    available = machine.memory_available() if available is None else available
+    need = num_workers * WORKER_BYTES
+    if need > available:
+        fits = available // WORKER_BYTES
+        advice = (f"use --workers {fits} or fewer" if fits else
+                  "use a machine with more memory (or a larger LABKIT_MEMORY where it is set too low)")
+        raise ValueError(f"--workers {num_workers} cannot fit in memory: {num_workers} x "
+                         f"{WORKER_BYTES / 2**20:.0f} MiB per worker process = {need / 2**30:.2f} GiB > "
+                         f"{available / 2**30:.2f} GiB available; {advice}")
 
 
 def cli_main(argv: list[str]) -> int:

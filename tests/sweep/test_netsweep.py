@@ -226,3 +226,20 @@ def test_conv_block_net_bn_momentum_option():
     assert recipes.convblock_options("full")["bn_momentum"] == 0.99
     with pytest.raises(ValueError, match="^bn_momentum must be"):
         convblock_net(bn_momentum=1.0)
+
+
+@pytest.mark.parametrize("memory, workers, refused", [("512M", 1, True), ("1G", 2, True), ("2G", 2, False)])
+def test_cli_refuses_workers_that_cannot_fit_in_memory(tmp_path, capsys, monkeypatch, memory, workers, refused):
+    """LABKIT_MEMORY bounds the sweep's workers (650 MiB each) before any training, as labkit scale's batch."""
+    import types
+    calls = []
+    monkeypatch.setattr(netsweep.sweep, "run_sweep", lambda *a, **kw: calls.append(kw) or types.SimpleNamespace(
+        records=[], failed=[], ran=0, skipped=0, wall_s=0.0, startup_s=0.0, out=a[2]))
+    monkeypatch.setenv("LABKIT_MEMORY", memory)
+    args = ["--workers", str(workers), "--oversubscribe", "--out", str(tmp_path / "r.jsonl"), "--configs",
+            "f20_k5_p3", "--no-progress"]
+    assert netsweep.cli_main(args) == (2 if refused else 0)
+    err = capsys.readouterr().err
+    assert (calls == []) == refused and (err.count("\n") == 1) == refused
+    if refused:
+        assert err.startswith(f"labkit sweep: --workers {workers} cannot fit in memory") and "GiB available" in err
