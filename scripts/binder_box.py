@@ -345,9 +345,9 @@ def main(argv=None) -> int:
 def _main(args) -> int:
     try:
         memory = _parse_size(args.memory)
+        box = Box(memory, args.cpus, args.first_cpu)  # --cpus checked before --busy, which is read against it
         if not 0 <= args.busy <= args.cpus:
             raise ValueError(f"busy: expected 0 to --cpus ({args.cpus}) busy CPUs, got {args.busy}")
-        box = Box(memory, args.cpus, args.first_cpu)
     except (ValueError, RuntimeError) as err:
         print(f"binder_box: {err}", file=sys.stderr)
         return 2
