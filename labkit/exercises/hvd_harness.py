@@ -95,6 +95,14 @@ def _reset(seed: int):
     tf.random.set_seed(seed)
 
 
+def _eagerly(on: bool) -> None:
+    """A checked script's tf.functions (Keras's train step among them) run eagerly: a check judges what the script
+    does (weights, collectives, files), not how fast, and tracing each script's step would cost seconds of CPU per
+    script and rank. --timing measures model.fit as it runs, traced."""
+    import tensorflow as tf
+    tf.config.run_functions_eagerly(on)
+
+
 _SET_ONCE = (("threading", "set_intra_op_parallelism_threads"), ("threading", "set_inter_op_parallelism_threads"),
              ("", "set_visible_devices"), ("experimental", "set_memory_growth"))
 
@@ -170,6 +178,7 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
     record = {"script": str(path), "rank": rank, "size": size, "imports_horovod": imports_horovod(src),
               "calls": called_names(src), "lr_uses_local_size": lr_uses_local_size(src)}
     _reset(SEED)
+    _eagerly(not timing)
     record["horovod_up_before"] = _horovod_state()["initialized"]  # an earlier script of this launch called hvd.init()
     watcher = Timer() if timing else Recorder(rank)
     watcher.install()
@@ -201,6 +210,7 @@ def run_script(path: str, script_args: list[str], workdir: Path, *, timing: bool
         os.chdir(cwd)
         watcher.undo()
         restore_setup()
+        _eagerly(False)
     record["wall_s"] = time.perf_counter() - t0
     record.update(_horovod_state())
     _join()
