@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -364,8 +365,24 @@ def _stop_on_sigterm(signum, frame):
     raise Stopped(signum, "the start")
 
 
+OWN_PREFIX = "labkit-refresh-"
+
+
+def own_temp_folder() -> Path:
+    """This run's temporary folder, named after its pid (the kernels' connection files, the figures record and the
+    kernel's stderr go there: tempfile.tempdir); the folders of runs killed with -9 (their pid gone) are removed
+    first, as binder_box sweeps its own."""
+    for d in Path(tempfile.gettempdir()).glob(f"{OWN_PREFIX}*"):
+        pid = d.name.removeprefix(OWN_PREFIX).split("-")[0]
+        if pid.isdigit() and d.is_dir() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{OWN_PREFIX}{os.getpid()}-"))
+
+
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # outside a notebook's run (its own handlers take over there)
+    own = own_temp_folder()
+    tempfile.tempdir = str(own)  # nbclient writes each kernel's connection file to the temporary folder
     try:
         sys.exit(main())
     except Stopped as err:  # one line, no traceback; the kernel was shut down on the way out
@@ -374,3 +391,5 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         print("refresh: stopped by SIGINT; nothing was written for the notebook that was running", file=sys.stderr)
         sys.exit(130)
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
