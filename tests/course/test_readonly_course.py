@@ -62,7 +62,9 @@ def namespace_prelude(views: list[tuple[Path, Path]]) -> str:
     for i, (_, path) in enumerate(views):
         p = shlex.quote(str(path))
         lines += [f"mkdir -p {p}", f'mount --bind "$stash/{i}" {p}', f"mount -o remount,bind,ro {p}"]
-    return "\n".join(lines)
+    for i in range(len(views)):  # the stash is no longer needed: nothing of it is left in the temporary folder
+        lines += [f'umount "$stash/{i}"', f'rmdir "$stash/{i}"']
+    return "\n".join(lines + ['rmdir "$stash"'])
 
 
 def _runs_as(user: str, views, python: str) -> bool:
@@ -176,9 +178,12 @@ def _show_a_planted_folder(tmp_path, user):
     views = [(private, private / "env")]
     script = (namespace_prelude(views) + "\nexec " + shlex.join([shutil.which("runuser"), "-u", user, "--", "sh", "-c",
               f"cat {private}/env/bin/tool; ls {private}; touch {private}/env/x 2>/dev/null && echo wrote"]))
+    stash = tmp_path / "tmp"  # the prelude's mktemp -d: empty again once the views stand
+    stash.mkdir()
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=dict(os.environ, TMPDIR=str(stash)))
     if proc.returncode != 0 and "unshare" in proc.stderr:
         pytest.skip(f"no mount namespace here: {proc.stderr.strip()}")
     assert proc.stdout.split() == ["shown", "env"], proc.stdout + proc.stderr
+    assert list(stash.iterdir()) == [], "the namespace's stash was left in the temporary folder"
     assert _private_folder(private / "env") == private and _private_folder(tmp_path) is None
