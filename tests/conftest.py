@@ -13,6 +13,11 @@ from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 # Observations (labkit.base.observe) are asserted in the suite, not only printed: set at import time, so the
 # notebook kernels nbval starts inherit it. LABKIT_STRICT_OBSERVATIONS=0 turns it off (another machine shape).
 os.environ.setdefault("LABKIT_STRICT_OBSERVATIONS", "1")
+# Every horovodrun the suite starts (the notebooks' kernels too) skips Horovod's per-launch check that it was built
+# with Gloo, a child that imports TensorFlow (tests/bin/horovodrun.py); a test may point LABKIT_HOROVODRUN elsewhere.
+if Path(sys.executable).with_name("horovodrun").exists():
+    os.environ.setdefault("LABKIT_HOROVODRUN", str(ROOT / "tests" / "bin" / "horovodrun"))
+    os.environ.setdefault("LABKIT_TEST_PYTHON", sys.executable)
 
 
 @pytest.fixture

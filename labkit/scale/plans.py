@@ -19,6 +19,7 @@ from labkit.base.plans import KERNEL_BYTES, Experiment, Machine
 # activations kept per 32x32x3 image for the backward pass: labkit.flops' count (03_flops), typed here so that
 # `labkit plan` does not load TensorFlow (tests/base/test_plans.py holds them to scaling.training_bytes)
 IMAGE_BYTES = {"small_cnn": 135_208, "convblock_net": 2_814_504}
+STATE_BYTES = {"small_cnn": 306_936, "convblock_net": 8_138_488}  # weights + gradients + momentum, the same way
 MODEL = {"quick": "small_cnn", "workshop": "small_cnn", "full": "convblock_net"}  # 04's and 07's MODEL
 BATCH = {"quick": 64, "workshop": 64, "full": 128}  # 04's and 07's images per worker per step, memory allowing
 ROUNDS = {"quick": 0, "workshop": 2, "full": 3}  # 04's and 07's Gloo vs MPI rounds (their CONTROLLER_ROUNDS)

@@ -298,8 +298,12 @@ def training_bytes(model: str) -> tuple[int, int]:
 
 @functools.cache
 def _child_bytes(model: str) -> tuple[int, int]:
-    """training_bytes(model), asked of a child Python unless TensorFlow is loaded here (`labkit scale` never
+    """training_bytes(model): the course's models' counts from labkit.scale.plans' tables (held to training_bytes by
+    tests/base/test_plans.py), else asked of a child Python unless TensorFlow is loaded here (`labkit scale` never
     loads it itself)."""
+    from labkit.scale import plans
+    if model in plans.IMAGE_BYTES and model in plans.STATE_BYTES:
+        return plans.IMAGE_BYTES[model], plans.STATE_BYTES[model]
     if "tensorflow" in sys.modules:
         return training_bytes(model)
     code = f"import json; from labkit.scale import scaling; print(json.dumps(scaling.training_bytes({model!r})))"

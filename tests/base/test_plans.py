@@ -163,7 +163,8 @@ def test_a_worker_holds_twice_the_activations_labkit_flops_counts():
     """IMAGE_BYTES (kept so that `labkit plan` does not load TensorFlow) against labkit.flops' count of each model."""
     from labkit.scale import scaling
     for model, per_image in scale_plans.IMAGE_BYTES.items():
-        assert scaling.training_bytes(model)[0] == per_image, model
+        assert scaling.training_bytes(model) == (per_image, scale_plans.STATE_BYTES[model]), model
+    assert sorted(scale_plans.STATE_BYTES) == sorted(scale_plans.IMAGE_BYTES)
     # 400 MiB + 2 x 128 images x 2,814,504 bytes (labkit.flops' count)
     assert scale_plans.worker_bytes("convblock_net", 128) == 1_139_943_424
 

@@ -511,3 +511,26 @@ def test_real_mpirun_gives_each_bound_rank_its_own_core(monkeypatch):
     assert out.returncode == 0, out.stderr[-2000:]
     sets = [line.split("cpus", 1)[1].strip() for line in out.stdout.splitlines() if "cpus" in line]
     assert len(sets) == 2 and all(s.count(",") == 0 for s in sets) and sets[0] != sets[1], out.stdout
+
+
+@needs_horovod
+def test_the_suites_horovodrun_leaves_out_only_a_check_that_holds():
+    """tests/bin/horovodrun (the suite's LABKIT_HOROVODRUN, tests/conftest.py) skips horovodrun's per-launch
+    gloo_built(): this Horovod is built with Gloo, asked as the real launcher asks, and --check-build passes through
+    to the real check."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shim = Path(__file__).parents[1] / "bin" / "horovodrun"
+    if os.environ.get("LABKIT_HOROVODRUN") != str(shim):
+        pytest.skip("LABKIT_HOROVODRUN is not the suite's horovodrun here")
+    asked = subprocess.run([sys.executable, "-c", "from horovod.common.util import gloo_built; print(gloo_built())"],
+                           capture_output=True, text=True, timeout=300)
+    assert asked.stdout.strip() == "True", asked.stderr[-500:]
+    real = Path(sys.executable).with_name("horovodrun")
+    ours, theirs = (subprocess.run([str(exe), "--check-build"], capture_output=True, text=True, timeout=300,
+                                   env={**os.environ, "LABKIT_TEST_PYTHON": sys.executable}).stdout
+                    for exe in (shim, real))
+    assert "[X] Gloo" in theirs and ours == theirs
