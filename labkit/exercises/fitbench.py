@@ -12,6 +12,7 @@ over the ranks, mean over `repeats` blocks of `steps` steps. `labkit fit-bench` 
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 from pathlib import Path
 
@@ -276,10 +277,37 @@ def cli_main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         _check_args(a)
-        with resultsfile.claimed(a.json_path, "--json", own=OWN) if a.json_path else contextlib.nullcontext():
+        with resultsfile.claimed(a.json_path, "--json", own=OWN) if a.json_path else contextlib.nullcontext(), \
+                _terminated_as_interrupt():
             return _bench(a)
     except ValueError as err:
         p.error(str(err))
+    except KeyboardInterrupt as stop:  # Ctrl-C goes on to labkit's one line; SIGTERM/SIGHUP end here, cleaned up
+        if len(stop.args) != 1 or not isinstance(stop.args[0], int):
+            raise
+        print(f"labkit fit-bench: stopped by {signal.Signals(stop.args[0]).name}; every process of the launch was "
+              "killed", file=sys.stderr)
+        return 128 + stop.args[0]
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupt():
+    """SIGTERM and SIGHUP handled as Ctrl-C while fit-bench runs (labkit scale's Terminated), so the launch and the
+    --json lock are cleaned up (the default action ended the process and left the lock file). Main thread only."""
+    import threading
+
+    from labkit.scale.scaling import Terminated
+
+    def terminate(signum, frame):
+        raise Terminated(signum)
+
+    handled = (signal.SIGTERM, signal.SIGHUP) if threading.current_thread() is threading.main_thread() else ()
+    previous = {sig: signal.signal(sig, terminate) for sig in handled}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _check_args(a) -> None:

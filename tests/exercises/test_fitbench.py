@@ -56,3 +56,22 @@ def test_tiny_comparison_table():
     s = fitbench.summary(df)
     assert s["ratio"] == pytest.approx(s["fit_images_per_sec"] / s["custom_loop_images_per_sec"])
     assert (s["np"], s["batch_size"], s["threads"]) == (2, 4, 1)
+
+
+def test_sigterm_stops_fit_bench_in_one_line_and_leaves_no_lock(tmp_path):
+    """SIGTERM while fit-bench runs (its launch stood in for by a wait): exit 143, one line, the --json lock file
+    removed. The default action ended the process and left .r.json.lock beside the results file."""
+    import subprocess
+    import sys
+    code = ("import os, signal, sys, time\n"
+            "from labkit.exercises import fitbench\n"
+            "def bench(a):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(30)\n"
+            "fitbench._bench = bench\n"
+            f"sys.exit(fitbench.cli_main(['--np', '1', '--json', {str(tmp_path / 'r.json')!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().splitlines() == ["labkit fit-bench: stopped by SIGTERM; every process of the launch "
+                                                "was killed"]
+    assert list(tmp_path.iterdir()) == []
