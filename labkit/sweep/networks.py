@@ -15,6 +15,7 @@ The `labkit sweep` command lives here too; it imports TensorFlow only once it tr
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -392,11 +393,13 @@ def cli_main(argv: list[str]) -> int:
         run = sweep.run_sweep(configs, trainer, args.out, num_workers=args.num_workers,
                               threads_per_worker=args.threads_per_worker, resume=not args.overwrite,
                               progress=not args.no_progress)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM treated as it (workerpool.Interrupted names it)
+        signum = getattr(stop, "signum", signal.SIGINT)
+        how = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         kept = sum(r.get("status") == "ok" for r in sweep.load_results(args.out))
-        print(f"labkit sweep: interrupted; {kept} finished results kept in {args.out} (--resume continues)",
+        print(f"labkit sweep: {how}; {kept} finished results kept in {args.out} (--resume continues)",
               file=sys.stderr)
-        return 130
+        return 128 + signum
     except sweep.ResultsNotSaved as err:  # the results it trained were printed as JSON lines first
         print(f"labkit sweep: {err}", file=sys.stderr)
         return 1

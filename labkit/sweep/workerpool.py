@@ -109,7 +109,16 @@ def kill_pool(pool) -> None:
         shutil.rmtree(pool.labkit_tmp, ignore_errors=True)
 
 
-def raise_interrupt(signum, frame):
-    """Signal handler: SIGTERM treated as Ctrl-C (install it with signal.signal in the main thread).
+class Interrupted(KeyboardInterrupt):
+    """A signal treated as Ctrl-C (raise_interrupt); signum says which, for the exit status 128 + signum.
     (05_network_sweep)"""
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def raise_interrupt(signum, frame):
+    """Signal handler: SIGTERM treated as Ctrl-C (install it with signal.signal in the main thread); raises
+    Interrupted, a KeyboardInterrupt naming the signal. (05_network_sweep)"""
+    raise Interrupted(signum)

@@ -243,3 +243,22 @@ def test_cli_refuses_workers_that_cannot_fit_in_memory(tmp_path, capsys, monkeyp
     assert (calls == []) == refused and (err.count("\n") == 1) == refused
     if refused:
         assert err.startswith(f"labkit sweep: --workers {workers} cannot fit in memory") and "GiB available" in err
+
+
+def test_cli_sigterm_is_named_with_its_own_exit_status(tmp_path, capsys, monkeypatch):
+    """SIGTERM acts as Ctrl-C (results kept, workers ended) but is reported as itself: exit 143, not 130."""
+    import signal
+
+    from labkit.sweep import workerpool
+
+    def run_sweep(*a, **kw):
+        workerpool.raise_interrupt(signal.SIGTERM, None)
+
+    monkeypatch.setattr(netsweep.sweep, "run_sweep", run_sweep)
+    out = tmp_path / "r.jsonl"
+    assert netsweep.cli_main(["--out", str(out), "--configs", "f20_k5_p3", "--no-progress"]) == 143
+    assert capsys.readouterr().err == f"labkit sweep: stopped by SIGTERM; 0 finished results kept in {out} " \
+                                      "(--resume continues)\n"
+    monkeypatch.setattr(netsweep.sweep, "run_sweep", lambda *a, **kw: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert netsweep.cli_main(["--out", str(out), "--configs", "f20_k5_p3", "--no-progress"]) == 130
+    assert capsys.readouterr().err.startswith("labkit sweep: interrupted; 0 finished")
