@@ -129,7 +129,9 @@ if ! PYTHON="$py" scripts/build-horovod.sh 2>&1 | tee "$hvd_log"; then
   hvd_line="Horovod could not be built (${why:-see the log}): the scaling notebooks 04 and 07 will show the course's recorded measurements; build log: $hvd_log; fix: $fix, then make setup"
 fi
 pip_install --no-deps -e .
-"$py" -m ipykernel install --sys-prefix --name labkit --display-name "labkit (Python $pyver)" >/dev/null
+kernel_tmp="$(mktemp -d)"  # ipykernel install leaves an empty tmp*_kernels folder in TMPDIR: this one goes after
+TMPDIR="$kernel_tmp" "$py" -m ipykernel install --sys-prefix --name labkit --display-name "labkit (Python $pyver)" >/dev/null
+rm -rf "$kernel_tmp"
 "$py" -m pip check
 if [ -n "$hvd_line" ]; then
   echo "$missing $toolchain" > "$stamp"   # not "$inputs": Horovod was not built, and a later run may retry it
