@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown command {name!r}; choose from: {', '.join(COMMANDS)}")
     debug = os.environ.get("LABKIT_DEBUG", "").strip() not in ("", "0")
     asks_help = any(a in ("-h", "--help") for a in rest)
-    if name != "doctor" and not asks_help:  # doctor reports a bad profile or setting as one of its checks
+    if name != "doctor" and not asks_help:  # doctor reports a bad profile as one of its checks
         try:
             config.profile()
             _check_settings()
