@@ -8,6 +8,17 @@ from pathlib import Path
 import pytest
 
 import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before any test imports TensorFlow)
+
+# Everything the suite starts (test processes, kernels, ranks, servers) keeps its temporary files in one folder of
+# this run (TMPDIR), removed at its end when the run passed, kept and named when it failed: a process killed on
+# purpose (a kernel stopped by SIGKILL, a rank at its timeout: TensorFlow's autograph modules) leaves nothing in
+# /tmp. Created once, by the first process (xdist's controller); the test processes inherit it.
+_SUITE_TMP = None
+if "LABKIT_SUITE_TMP" not in os.environ:
+    import tempfile
+    _SUITE_TMP = tempfile.mkdtemp(prefix="lk-suite-")  # short: Open MPI's sockets live under it
+    os.environ["LABKIT_SUITE_TMP"] = os.environ["TMPDIR"] = _SUITE_TMP
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)
 
 # Observations (labkit.base.observe) are asserted in the suite, not only printed: set at import time, so the
@@ -146,15 +157,21 @@ def pytest_sessionstart(session):
         mine.write_text(str(os.getpid()))
 
 
-def pytest_sessionfinish(session):
+def pytest_sessionfinish(session, exitstatus):
+    session.config._labkit_status = int(exitstatus)
     if (mine := _worker_file(session.config)) is not None:
         mine.unlink(missing_ok=True)
 
 
 def pytest_unconfigure(config):
+    import shutil
     if hasattr(config, "_labkit_workers"):
-        import shutil
         shutil.rmtree(config._labkit_workers, ignore_errors=True)
+    if _SUITE_TMP and not hasattr(config, "workerinput"):
+        if getattr(config, "_labkit_status", 1) in (0, 5):  # passed, or nothing to run
+            shutil.rmtree(_SUITE_TMP, ignore_errors=True)
+        else:
+            print(f"\nthe run's temporary files are kept in {_SUITE_TMP}")
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout's window: waiting is not the test's time
