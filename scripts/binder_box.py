@@ -24,7 +24,8 @@ kernel's process tree.
 The group, the busy processes, the kernel's connection files and the observations folder (both in this run's
 own temporary folder) are removed on every path: success, error, Ctrl-C and SIGTERM (one line, no traceback).
 The busy and allocating children die with this process (PR_SET_PDEATHSIG); what a `kill -9` of it leaves (its
-cgroups, the kernel in them, its temporary folder) is swept by the next binder_box run.
+cgroups, the kernel in them, its temporary folder) is removed by its reaper, a small process outside the box that
+outlives it (start_reaper), and else by the next binder_box run.
 """
 from __future__ import annotations
 
@@ -93,7 +94,40 @@ def die_with_parent() -> None:
 
 
 def _alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
+    """Whether pid runs: it exists and is not a zombie (a process killed by SIGKILL that its parent has not
+    waited for yet keeps its /proc entry)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def start_reaper() -> int:
+    """A process outside the box that outlives this one (its own session, stdio on the null device): when this
+    process ends, however it ends (kill -9 included), it sweeps what this run left (sweep_orphans: the box's cgroups
+    with the processes still in them, the temporary folder). Returns the pipe end this process keeps open: the
+    reaper wakes when the pipe closes, that is when every holder of this end is gone."""
+    r, w = os.pipe()
+    if os.fork() == 0:  # the reaper
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, r)  # nothing of the owner's held open (a pipe its caller reads to the end)
+            os.closerange(r + 1, 65536)
+            owner = os.getppid()
+            while os.read(r, 1):
+                pass
+            for _ in range(100):  # the owner may linger a moment as a zombie
+                if not _alive(owner):
+                    break
+                time.sleep(0.05)
+            sweep_orphans()
+        finally:
+            os._exit(0)
+    os.close(r)
+    return w
 
 
 def sweep_orphans() -> list[str]:
@@ -357,6 +391,7 @@ def _main(args) -> int:
         return 2
     for name in sweep_orphans():
         print(f"binder_box: removed {name}, left by a binder_box that was killed", file=sys.stderr)
+    start_reaper()  # its pipe end stays open until this process ends
     if args.shapes:
         return shapes_table(args)
     with box:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -202,11 +203,38 @@ def test_a_signal_is_one_line_and_removes_the_box_and_its_files(request, tmp_pat
     assert _gone([busy, *pids]) and _left_behind(name) == [] and _left_in(tmp_path) == []
 
 
+def _reaper_of(pid: int) -> int:
+    """binder_box's reaper: its child in a session of its own (start_reaper)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and int(fields[3]) == int(entry.name):  # ppid, session id
+                return int(entry.name)
+    raise AssertionError(f"binder_box {pid} has no reaper")
+
+
 @needs_box
-def test_kill_9_leaves_no_busy_process_and_the_next_run_sweeps_the_rest(request, tmp_path):
-    """kill -9 of binder_box: its busy process dies with it (nothing spins under init); the cgroup, the kernel
-    in it and the temporary files it left are removed by the next binder_box run, which says so."""
+def test_kill_9_leaves_no_process_and_its_reaper_removes_the_rest(request, tmp_path):
+    """kill -9 of binder_box: its busy process dies with it; its reaper (outside the box, outliving it) removes
+    the cgroup, the kernel in it and the temporary files at once, without another run."""
     proc, name, busy, pids = _sleeping_run(request, tmp_path)
+    reaper = _reaper_of(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _gone([busy], within=5), "the busy process outlived binder_box"
+    assert _gone([reaper, *pids], within=20), "the reaper did not end the kernel left in the box"
+    assert _left_behind(name) == [] and _left_in(tmp_path) == []
+
+
+@needs_box
+def test_kill_9_of_binder_box_and_its_reaper_the_next_run_sweeps_the_rest(request, tmp_path):
+    """kill -9 of both (a whole process group killed at once, say): the cgroup, the kernel in it and the temporary
+    files it left are removed by the next binder_box run, which says so."""
+    proc, name, busy, pids = _sleeping_run(request, tmp_path)
+    os.kill(_reaper_of(proc.pid), signal.SIGKILL)
     proc.kill()
     proc.communicate(timeout=30)
     assert _gone([busy], within=5), "the busy process outlived binder_box"
