@@ -466,10 +466,13 @@ def _in_box(box: Box, args, memory: int) -> int:
     # logs, and the kernels' connection files, so that none is left in the user's Jupyter runtime folder
     own = Path(tempfile.mkdtemp(prefix=f"labkit-box-{os.getpid()}-"))
     tempfile.tempdir = str(own)  # nbclient writes each kernel's connection file to the temporary folder
+    tmpdir = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(own)  # and the kernels keep theirs there (scratch, TensorFlow's autograph modules)
     try:
         return _run_notebooks(box, args, paths, own)
     finally:
         tempfile.tempdir = None
+        os.environ.pop("TMPDIR") if tmpdir is None else os.environ.update(TMPDIR=tmpdir)
         shutil.rmtree(own, ignore_errors=True)
         os.environ.pop("LABKIT_OBSERVATIONS_LOG", None)
 

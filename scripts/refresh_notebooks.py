@@ -370,8 +370,8 @@ OWN_PREFIX = "labkit-refresh-"
 
 def own_temp_folder() -> Path:
     """This run's temporary folder, named after its pid (the kernels' connection files, the figures record and the
-    kernel's stderr go there: tempfile.tempdir); the folders of runs killed with -9 (their pid gone) are removed
-    first, as binder_box sweeps its own."""
+    kernel's stderr go there: tempfile.tempdir; the kernels' own temporary files too: TMPDIR); the folders of runs
+    killed with -9 (their pid gone) are removed first, as binder_box sweeps its own."""
     for d in Path(tempfile.gettempdir()).glob(f"{OWN_PREFIX}*"):
         pid = d.name.removeprefix(OWN_PREFIX).split("-")[0]
         if pid.isdigit() and d.is_dir() and not Path(f"/proc/{pid}").exists():
@@ -383,6 +383,7 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # outside a notebook's run (its own handlers take over there)
     own = own_temp_folder()
     tempfile.tempdir = str(own)  # nbclient writes each kernel's connection file to the temporary folder
+    os.environ["TMPDIR"] = str(own)  # and the kernels keep theirs there (scratch, TensorFlow's autograph modules)
     try:
         sys.exit(main())
     except Stopped as err:  # one line, no traceback; the kernel was shut down on the way out

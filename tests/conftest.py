@@ -16,7 +16,8 @@ import labkit  # noqa: F401  (sets TF_CPP_MIN_LOG_LEVEL before any test imports 
 _SUITE_TMP = None
 if "LABKIT_SUITE_TMP" not in os.environ:
     import tempfile
-    _SUITE_TMP = tempfile.mkdtemp(prefix="lk-suite-")  # short: Open MPI's sockets live under it
+    _SUITE_TMP = tempfile.mkdtemp(prefix="lk-suite-")  # short: Open MPI's and munged's sockets live under it
+    os.chmod(_SUITE_TMP, 0o1777)  # as /tmp: the daemons' users (munge, slurm) and an ordinary learner enter it
     os.environ["LABKIT_SUITE_TMP"] = os.environ["TMPDIR"] = _SUITE_TMP
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 from helpers import ROOT  # noqa: E402  (the repository root, one definition)

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -35,6 +36,9 @@ def test_a_killed_refresh_leaves_its_connection_file_only_in_its_own_folder(tmp_
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     kernels = [p for p in _processes() if str(connection) in p[1]]
+    for pid, _ in kernels:  # the kernel's own temporary files (TensorFlow's autograph modules) go there too
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"TMPDIR={connection.parent}".encode() in environ
     for pid, _ in kernels:  # the kernel ends with its parent; make sure of it for the suite
         os.kill(pid, signal.SIGKILL)
     assert connection.parent != tmp and connection.parent.name.startswith(f"{refresh.OWN_PREFIX}{proc.pid}-")
