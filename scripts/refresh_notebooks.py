@@ -42,7 +42,8 @@ HERE = Path(__file__).resolve().parent.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # this checkout's labkit
 MAX_LOAD_PER_CORE = 0.3  # above it, other programs would slow the measurements the outputs commit
-SETTLE_LOAD_PER_CORE, SETTLE_MAX_S = 0.5, 150  # between notebooks: the last one's load decays (1-min average)
+# between the course's notebooks, when a pass writes them: the last one's load decays (1-min average)
+SETTLE_LOAD_PER_CORE, SETTLE_MAX_S = 0.5, 150
 
 
 def settle(cores: int, *, load=None, sleep=time.sleep, clock=time.monotonic, limit_s: float = SETTLE_MAX_S) -> float:
@@ -335,9 +336,10 @@ def main(argv=None) -> int:
     print(f"{'notebook':<32} {'wall time':>10} {'peak RSS':>10} {'peak PSS':>10} {'load before -> after':>21}",
           flush=True)
     total, failed = 0.0, []
+    ours = all(p.resolve().parent == HERE / "notebooks" for p in paths)  # the course's notebooks, not a test's
     for i, path in enumerate(paths):
         record = {}
-        if i and not args.no_write and (waited := settle(cores)) >= 1:
+        if i and ours and not args.no_write and (waited := settle(cores)) >= 1:
             print(f"(waited {waited:.0f} s for the load average to settle: {load_average():.2f})", flush=True)
         try:
             elapsed, peak, peak_pss = run_notebook(path, write=not args.no_write, timeout=args.timeout, record=record,
@@ -351,7 +353,6 @@ def main(argv=None) -> int:
         print(f"{path.name:<32} {elapsed:>8.1f} s {peak / 2**20:>6.0f} MiB {peak_pss / 2**20:>6.0f} MiB "
               f"{record['load_before']:>11.2f} -> {record['load_after']:.2f}", flush=True)
     print(f"{'total':<32} {total:>8.1f} s   load average at the end: {load_average():.2f}")
-    ours = all(p.resolve().parent == HERE / "notebooks" for p in paths)  # the course's notebooks, not a test's
     if not args.no_write and total and ours:
         print(f"reference run written: {write_reference().relative_to(HERE)}")
     if failed:

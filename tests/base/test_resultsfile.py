@@ -146,6 +146,7 @@ _EXEMPT = {
     ("scripts/delay_relay.py", 'os.open("/dev/net/tun"'): "a TUN device",
     ("scripts/binder_box.py", ".write_text("): "cgroup control files: kernel interfaces, written in place by design",
     ("scripts/binder_box.py", 'open(kernel_log, "w")'): "the kernel's stderr, in the run's own temporary folder",
+    ("scripts/binder_box.py", "os.open(os.devnull, os.O_RDWR)"): "the reaper's stdio: the null device, no file",
     ("labkit/cli.py", "os.open(os.devnull, os.O_WRONLY)"): "the null device, standing in for a closed stdout",
     ("labkit/scale/checkpoint.py", "np.savez(buf, "): "an in-memory buffer, written by resultsfile.write_bytes",
     ("scripts/probe_inputs.py", ".write_text("): "fixtures in the probe's own fresh temporary folder; the probe "
