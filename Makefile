@@ -17,8 +17,12 @@ help:
 	@echo "make doctor   check the environment"
 	@echo "make lock     regenerate constraints.txt from the current .venv"
 
+# set-up without this make's own flags: `make test ARGS=...` exports MAKEFLAGS=" -- ARGS=...", which Horovod's
+# build (scripts/build-horovod.sh: -j<cores> unless MAKEFLAGS is given) would take as the user's, compiling on one core
+SETUP := env -u MAKEFLAGS -u MFLAGS scripts/setup.sh
+
 setup:
-	@scripts/setup.sh
+	@$(SETUP)
 
 lab: setup
 	@scripts/lab.sh
@@ -27,7 +31,7 @@ lab: setup
 # installs Open MPI from PyPI into the venv and builds Horovod with Gloo and MPI against it
 test:
 	@scripts/system-deps.sh
-	@scripts/setup.sh
+	@$(SETUP)
 	LABKIT_PROFILE=quick $(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder $(ARGS)
 
 # ruff's settings are in pyproject.toml ([tool.ruff]); notebooks are not linted (they teach, and nbval runs them).
