@@ -275,6 +275,7 @@ def cli_main(argv=None) -> int:
                    help="instead: keras_hvd.py with one piece of fit's per-step work taken away at a time, beside "
                         "the custom loop, in one launch (where fit's time goes)")
     a = p.parse_args(argv)
+    from labkit.scale.scaling import Terminated  # labkit scale's: SIGTERM and SIGHUP as a Ctrl-C
     try:
         _check_args(a)
         with resultsfile.claimed(a.json_path, "--json", own=OWN) if a.json_path else contextlib.nullcontext(), \
@@ -282,9 +283,7 @@ def cli_main(argv=None) -> int:
             return _bench(a)
     except ValueError as err:
         p.error(str(err))
-    except KeyboardInterrupt as stop:  # Ctrl-C goes on to labkit's one line; SIGTERM/SIGHUP end here, cleaned up
-        if len(stop.args) != 1 or not isinstance(stop.args[0], int):
-            raise
+    except Terminated as stop:  # SIGTERM/SIGHUP end here, cleaned up; Ctrl-C goes on to labkit's one line
         print(f"labkit fit-bench: stopped by {signal.Signals(stop.args[0]).name}; every process of the launch was "
               "killed", file=sys.stderr)
         return 128 + stop.args[0]
