@@ -1,4 +1,5 @@
 """Shared pytest set-up: keep TensorFlow quiet and the user's home untouched."""
+import contextlib
 import os
 import stat
 import sys
@@ -30,6 +31,30 @@ os.environ.setdefault("LABKIT_STRICT_OBSERVATIONS", "1")
 if Path(sys.executable).with_name("horovodrun").exists():
     os.environ.setdefault("LABKIT_HOROVODRUN", str(ROOT / "tests" / "bin" / "horovodrun"))
     os.environ.setdefault("LABKIT_TEST_PYTHON", sys.executable)
+
+# The suite's ranks start from a fork server that has imported TensorFlow once (tests/bin/forkserver.py says how and
+# when a rank starts as Python would instead): one per run, started by the first process (xdist's controller) and
+# ended with it; every launch's ranks start through its client (LABKIT_RANK_PYTHON, labkit.scale.launch.rank_python).
+# LABKIT_SUITE_FORKSERVER=0 runs the suite without it. Tests that watch the ranks' processes themselves (their
+# pids, their parents, a kill and what it leaves: REAL_RANKS) start them as Python does.
+_FORKSERVER = None
+if ("LABKIT_SUITE_FORKSERVER" not in os.environ and os.environ.get("LABKIT_HOROVODRUN", "").startswith(str(ROOT))
+        and sys.platform == "linux"):
+    import subprocess
+    import tempfile
+    _path = os.path.join(tempfile.mkdtemp(prefix="forkserver-"), "socket")
+    _FORKSERVER = subprocess.Popen([sys.executable, str(ROOT / "tests" / "bin" / "forkserver.py"), "serve", _path],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+    os.environ["LABKIT_SUITE_FORKSERVER"] = _path
+    os.environ["LABKIT_RANK_PYTHON"] = f"{sys.executable} -I -S {ROOT / 'tests' / 'bin' / 'forkserver.py'} run " \
+                                       f"{sys.executable}"  # labkit.scale.launch.rank_python: the client first
+elif os.environ.get("LABKIT_SUITE_FORKSERVER") == "0":
+    del os.environ["LABKIT_SUITE_FORKSERVER"]
+_FORKSERVER_VARS = ("LABKIT_SUITE_FORKSERVER", "LABKIT_RANK_PYTHON")
+REAL_RANKS = ("tests/scale/test_launch.py", "tests/scale/test_resume.py", "tests/cluster/", "tests/deepdive/",
+              "tests/sweep/", "tests/course/test_binder_box.py", "tests/course/test_slurm.py",
+              "tests/course/test_lab.py", "tests/course/test_refresh_exit.py",
+              "tests/exercises/test_check_hvd.py::test_the_learner_entry_point_runs_the_script_and_prints_one_line")
 
 
 @pytest.fixture
@@ -166,6 +191,13 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_unconfigure(config):
     import shutil
+    if _FORKSERVER is not None:
+        _FORKSERVER.terminate()
+        _FORKSERVER.wait()
+        folder = Path(os.environ["LABKIT_SUITE_FORKSERVER"]).parent
+        with contextlib.suppress(OSError):
+            print(f"\nthe fork server started {(folder / 'socket.forked').read_text()} ranks")
+        shutil.rmtree(folder, ignore_errors=True)
     if hasattr(config, "_labkit_workers"):
         shutil.rmtree(config._labkit_workers, ignore_errors=True)
     if _SUITE_TMP and not hasattr(config, "workerinput"):
@@ -183,7 +215,14 @@ def pytest_runtest_protocol(item, nextitem):
         mine.write_text(f"{os.getpid()} solo")  # this process now runs only the box's units
         while any(_in_the_way(f, alone is not None) for f in mine.parent.iterdir() if f != mine):
             time.sleep(1)
-    yield
+    if _FORKSERVER_VARS[0] in os.environ and item.nodeid.startswith(REAL_RANKS):  # with its module's fixtures
+        saved = {name: os.environ.pop(name) for name in _FORKSERVER_VARS if name in os.environ}
+        try:
+            yield
+        finally:
+            os.environ.update(saved)
+    else:
+        yield
 
 
 def _in_the_way(state: Path, alone: bool) -> bool:

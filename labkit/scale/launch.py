@@ -48,6 +48,7 @@ from labkit.scale.hosts import (  # noqa: F401  (where the ranks run: the launch
 )
 
 WORKER = "labkit.scale.hvd_train"  # the module every rank runs unless a launch names another
+RANK_PYTHON_ENV = "LABKIT_RANK_PYTHON"  # the command that starts each rank's Python (rank_python)
 MARKER_ENV = "LABKIT_RUN_ID"  # every process of one launch carries this, so none can escape the cleanup
 PROGRESS_TAG = "LABKIT_PROGRESS"
 # a rank's output line: horovodrun's "[1]<stdout>:text", mpirun --tag-output's "[1,1]<stdout>:text" (Open MPI 4)
@@ -79,12 +80,12 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
     launcher: "gloo" (horovodrun --gloo), "mpi" (the mpirun of the MPI Horovod links, Open MPI 4 and 5 alike;
     export: the names of the variables it hands each rank, with -x, never their values), "srun" (Slurm
     starts the ranks; needs a Horovod built with MPI), "auto" or a LauncherChoice (choose_launcher's). threads:
-    compute threads per rank, for mpirun's placement (core_binding).
+    compute threads per rank, for mpirun's placement (core_binding). python: the ranks' Python (default
+    rank_python(): $LABKIT_RANK_PYTHON, else this Python).
     """
     check_int(np_, "np", minimum=1)
     launcher = choose_launcher(launcher, hosts, env).launcher
-    python = python or sys.executable
-    worker = [python, "-m", module, *map(str, script_args)]
+    worker = [*([python] if python else rank_python(env)), "-m", module, *map(str, script_args)]
     if launcher == "srun":
         if hosts is not None:
             raise ValueError("hosts cannot be given with launcher='srun': srun starts the ranks on its allocation")
@@ -112,6 +113,26 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
         hosts = slurm_hosts(env) or [f"localhost:{np_}"]
     hosts = take_slots(hosts, np_)
     return [exe, "-np", str(np_), "-H", ",".join(hosts), "--gloo", *worker]
+
+
+def rank_python(env=None) -> list[str]:
+    """The command that starts each rank's Python: $LABKIT_RANK_PYTHON split as a shell splits it (a cluster
+    whose ranks run in a container: `apptainer exec --nv course.sif python3`), else this Python. A first word
+    that is not a program here is refused in one line, before anything starts."""
+    import shlex
+    import shutil
+    text = (os.environ if env is None else env).get(RANK_PYTHON_ENV, "").strip()
+    if not text:
+        return [sys.executable]
+    try:
+        words = shlex.split(text)
+    except ValueError as err:
+        raise ValueError(f"{RANK_PYTHON_ENV}: expected a command as a shell would split it; got {text!r} ({err})") \
+            from None
+    if shutil.which(words[0]) is None:
+        raise ValueError(f"{RANK_PYTHON_ENV}: expected a command that starts Python, its first word a program "
+                         f"here; got {text!r} ({words[0]!r} not found)")
+    return words
 
 
 def display_command(cmd) -> str:

@@ -1,0 +1,364 @@
+"""A fork server for the suite's Horovod ranks: TensorFlow, Keras and Horovod imported once, a rank forked from it.
+
+Every rank the suite starts imports TensorFlow first: about 3 s of CPU, on every rank of every launch (the notebook
+runs launch hundreds of ranks). tests/conftest.py starts one server per run (`forkserver.py serve SOCKET`) and sets
+LABKIT_RANK_PYTHON (labkit.scale.launch.rank_python), so that every launch, under horovodrun or mpirun, starts each
+rank as `python -I -S forkserver.py run PYTHON ARGS...`: a client without TensorFlow that asks the server for a child.
+The child takes the client's standard streams, working directory, environment, umask and CPU affinity, runs
+`PYTHON ARGS` (`-m module ...` or `script.py ...`) and its exit status comes back as the client's own: an exit
+code, or death by the same signal (137 after the out-of-memory killer's SIGKILL). Signals sent to the client go on
+to the child; a client that dies (SIGKILL included) takes the child with it, so a launch's clean-up still leaves
+nothing running.
+
+The client starts the rank as Python would (exec, no server) whenever the server could not give the same process:
+no server yet (its imports take a few seconds), another user (the socket is the owner's), another cgroup, namespace
+or resource limit (the Binder box, the virtual cluster's nodes, Slurm's jobs), an environment that TensorFlow reads
+at import set otherwise, or Python options it does not handle. What the server preloads is third-party only:
+labkit is imported by each child afresh, so a profile or setting read at import is the child's own.
+"""
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+# variables read when Python, TensorFlow, Keras or a BLAS start: a child of the server saw the server's values
+IMPORT_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHASHSEED", "LD_PRELOAD",
+              "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS",
+              "CUDA_VISIBLE_DEVICES", "KERAS_HOME", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")
+_NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
+_LIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_RSS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_STACK")
+PRELOAD = ("numpy", "tensorflow", "keras", "horovod.tensorflow", "horovod.tensorflow.keras", "psutil")
+
+
+def identity() -> dict:
+    """What a process shares with the server when a child of the server can stand in for it."""
+    import resource
+    python = os.path.abspath(sys.executable)
+    env = {k: os.environ.get(k) for k in IMPORT_ENV}
+    if env["LD_LIBRARY_PATH"]:  # mpirun puts its lib folder first: the server loaded Open MPI from there already
+        own_lib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib")
+        env["LD_LIBRARY_PATH"] = ":".join(d for d in env["LD_LIBRARY_PATH"].split(":") if d != own_lib) or None
+    ident = {"uid": os.getuid(), "gid": os.getgid(), "python": python, "env": env,
+             "limits": {n: list(resource.getrlimit(getattr(resource, n))) for n in _LIMITS if hasattr(resource, n)}}
+    for ns in _NAMESPACES:
+        try:
+            ident[ns] = os.readlink(f"/proc/self/ns/{ns}")
+        except OSError:
+            ident[ns] = None
+    try:
+        with open("/proc/self/cgroup") as f:
+            ident["cgroup_path"] = f.read()
+    except OSError:
+        ident["cgroup_path"] = None
+    return ident
+
+
+# ------------------------------------------------------------------------------------------------ the wire
+def _send(sock, obj, fds=()):
+    data = json.dumps(obj).encode()
+    msg = struct.pack("!I", len(data)) + data
+    if fds:
+        import array
+        sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    else:
+        sock.sendall(msg)
+
+
+def _recv(sock, nfds=0):
+    import array
+    fds = array.array("i")
+    head, anc, _flags, _addr = sock.recvmsg(4, socket.CMSG_SPACE(nfds * fds.itemsize) if nfds else 0)
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    if len(head) < 4:
+        raise EOFError("the other end closed")
+    size = struct.unpack("!I", head)[0]
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            raise EOFError("the other end closed")
+        body += chunk
+    return json.loads(body), list(fds)
+
+
+# ------------------------------------------------------------------------------------------------ client
+def _supported(argv) -> bool:
+    """PYTHON -m module ... or PYTHON script.py ...: what the child runs; any option of Python's own is not."""
+    if len(argv) < 2:
+        return False
+    if argv[1] == "-m":
+        return len(argv) >= 3
+    return not argv[1].startswith("-")
+
+
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def _exec(argv, why=""):
+    trace = os.environ.get("LABKIT_SUITE_FORKSERVER_TRACE")
+    if trace:
+        with open(trace, "a") as f:
+            f.write(f"exec {why} {' '.join(argv)[:120]}\n")
+    os.execv(argv[0], argv)
+
+
+def client(argv) -> None:
+    """Run argv (PYTHON ARGS...) as a child of the server at $LABKIT_SUITE_FORKSERVER, else exec it."""
+    path = os.environ.get("LABKIT_SUITE_FORKSERVER", "")
+    if not path or not _supported(argv):
+        _exec(argv, "unsupported")
+    try:
+        with open(path + ".id") as f:
+            server = json.load(f)
+    except (OSError, ValueError):
+        _exec(argv, "noserver")
+    if server != identity() or os.path.abspath(argv[0]) != server["python"]:
+        mine = identity()
+        why = [k for k in server if server[k] != mine.get(k) and k != "env"]
+        why += [k for k in IMPORT_ENV if server["env"].get(k) != mine["env"].get(k)]
+        _exec(argv, "differs:" + ",".join(why))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        _send(sock, {"argv": argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask(),
+                     "affinity": sorted(os.sched_getaffinity(0))}, fds=(0, 1, 2))
+        hello, _ = _recv(sock)
+    except (OSError, EOFError, ValueError):
+        sock.close()
+        _exec(argv, "connect")  # nothing has run yet: start it as Python would
+    pid = hello["pid"]
+    if os.environ.get("LABKIT_SUITE_FORKSERVER_TRACE"):
+        with open(os.environ["LABKIT_SUITE_FORKSERVER_TRACE"], "a") as f:
+            f.write(f"fork {' '.join(argv)[:120]}\n")
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    try:
+        status = _recv(sock)[0]["status"]
+    except (OSError, EOFError, ValueError):
+        sys.exit(255)  # the server went away before the child's end was known
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+# ------------------------------------------------------------------------------------------------ server
+def serve(path: str) -> None:
+    """Preload, listen on path (mode 0600), fork a child per connection, send each client its child's status."""
+    import ctypes
+    import importlib
+    import select
+    try:  # die with the suite that started us
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    listener.bind(path)
+    os.umask(old)
+    listener.listen(64)
+    tmp = f"{path}.id.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(identity(), f)
+    os.replace(tmp, path + ".id")  # clients read it whole or not at all
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    clients, forked = {}, 0
+
+    def stop(*_):  # say how many ranks it started, for the suite's summary
+        with open(path + ".forked", "w") as f:
+            f.write(str(forked))
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    while True:
+        try:
+            ready = select.select([listener, wake_r], [], [])[0]
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 512)
+        if listener in ready:
+            conn, _ = listener.accept()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                signal.set_wakeup_fd(-1)
+                os.close(wake_r)
+                os.close(wake_w)
+                for other in clients.values():
+                    other.close()
+                _child(conn)  # never returns
+            clients[pid] = conn
+            forked += 1
+        _reap(clients)
+
+
+def _reap(clients) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = clients.pop(pid, None)
+        if conn is not None:
+            try:
+                _send(conn, {"status": status})
+            except OSError:
+                pass
+            conn.close()
+
+
+def _child(conn) -> None:
+    code = 1
+    try:
+        for sig in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        os.setsid()
+        request, fds = _recv(conn, 3)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.umask(request["umask"])
+        os.sched_setaffinity(0, request["affinity"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        import tempfile
+        tempfile.tempdir = None  # gettempdir() reads this TMPDIR, not the server's
+        _stdio(request["env"])
+        _send(conn, {"pid": os.getpid()})
+        _watch(conn)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        code = _run(request["argv"])
+    except BaseException:  # noqa: BLE001  (the child must end here, whatever happened)
+        try:
+            import traceback
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
+
+
+def _stdio(env) -> None:
+    """Standard streams as Python would have made them for env (PYTHONUNBUFFERED), over the client's fds."""
+    import io
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        raw = io.FileIO(fd, "w", closefd=False)
+        buf = raw if unbuffered else io.BufferedWriter(raw)
+        setattr(sys, name, io.TextIOWrapper(buf, encoding=old.encoding, errors=old.errors,
+                                            line_buffering=name == "stdout" and not unbuffered and raw.isatty(),
+                                            write_through=unbuffered or name == "stderr"))
+    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=sys.stdin.encoding)
+    sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin
+
+
+def _watch(conn) -> None:
+    """A thread that kills this child when its client's end closes (the client died, even by SIGKILL)."""
+    import threading
+
+    def wait():
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="forkserver-client", daemon=True).start()
+
+
+def _run(argv) -> int:
+    """Run `-m module args` or `script args` as __main__, end as the interpreter would: the exit code."""
+    import atexit
+    import random
+    import runpy
+    import threading
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()  # a process of its own would not share the server's state
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        import traceback
+        traceback.print_exc()
+        _finish(threading, atexit)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as Python ends on an uncaught Ctrl-C: by SIGINT
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        code = 1
+    _finish(threading, atexit)
+    return code
+
+
+def _exit_code(value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _finish(threading, atexit) -> None:
+    try:
+        threading._shutdown()  # wait for non-daemon threads, as the interpreter does before atexit
+    except BaseException:  # noqa: BLE001
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        serve(sys.argv[2])
+    elif sys.argv[1:2] == ["run"]:
+        client(sys.argv[2:])
+    else:
+        sys.exit("usage: forkserver.py serve SOCKET | run PYTHON ARGS...")

@@ -1,0 +1,154 @@
+"""The suite's fork server (tests/bin/forkserver.py): a rank forked from it is the process Python would have started,
+its end is the client's end, and it starts as Python would wherever a fork could not give the same process."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT
+
+BIN = ROOT / "tests" / "bin"
+SCRIPT = """\
+import json, os, sys, tempfile
+facts = {"preloaded": "tensorflow" in sys.modules, "argv": sys.argv, "cwd": os.getcwd(), "name": __name__,
+         "foo": os.environ.get("LK_FOO"), "cpus": sorted(os.sched_getaffinity(0)), "umask": os.umask(0),
+         "tmp": tempfile.gettempdir(), "path0": sys.path[0]}
+print(json.dumps(facts))
+print("to stderr", file=sys.stderr)
+if os.environ.get("LK_SLEEP"):
+    import time
+    print(os.getpid(), flush=True)
+    time.sleep(float(os.environ["LK_SLEEP"]))
+sys.exit(int(os.environ.get("LK_CODE", "0")))
+"""
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs where the suite runs: Linux")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The suite's server when it runs one, else one of this module's own."""
+    path = os.environ.get("LABKIT_SUITE_FORKSERVER")
+    own = None
+    if not path:
+        path = str(tmp_path_factory.mktemp("fs") / "socket")
+        own = subprocess.Popen([sys.executable, str(BIN / "forkserver.py"), "serve", path],
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path + ".id"):
+        assert time.monotonic() < deadline, "the fork server did not start within 120 s"
+        time.sleep(0.2)
+    yield path
+    if own is not None:
+        own.terminate()
+        own.wait()
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "rank.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def _start(server, args, env_extra=None, cwd=None, through=True, **kw):
+    env = {**os.environ, "LABKIT_SUITE_FORKSERVER": server, **(env_extra or {})}
+    if not through:
+        env.pop("LABKIT_SUITE_FORKSERVER")
+    cmd = [sys.executable, "-I", "-S", str(BIN / "forkserver.py"), "run", sys.executable, *args]
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _facts(proc, timeout=120):
+    out, err = proc.communicate(timeout=timeout)
+    return json.loads(out.splitlines()[0]), err, proc.returncode
+
+
+def test_a_forked_rank_is_the_process_python_would_start(server, script, tmp_path):
+    """Same arguments, directory, environment, CPUs, umask, temporary folder, streams and exit code; only the
+    server's child has TensorFlow imported when its script begins."""
+    runs = {}
+    for through in (True, False):
+        proc = _start(server, [str(script), "a", "b c"], {"LK_FOO": "bar", "LK_CODE": "3", "TMPDIR": str(tmp_path)},
+                      cwd=tmp_path, through=through, preexec_fn=lambda: (os.sched_setaffinity(0, {0}), os.umask(0o27)))
+        runs[through] = _facts(proc)
+    (forked, err, code), (direct, err2, code2) = runs[True], runs[False]
+    assert forked.pop("preloaded") and not direct.pop("preloaded")
+    assert forked == direct and forked["foo"] == "bar" and forked["cpus"] == [0] and forked["umask"] == 0o27
+    assert forked["tmp"] == str(tmp_path) and forked["argv"] == [str(script), "a", "b c"]
+    assert err == err2 == "to stderr\n" and code == code2 == 3
+
+
+def test_a_module_runs_as_python_m_does(server, tmp_path):
+    (tmp_path / "lkmod.py").write_text(SCRIPT)
+    forked, _, _ = _facts(_start(server, ["-m", "lkmod", "x"], cwd=tmp_path))
+    direct, _, _ = _facts(_start(server, ["-m", "lkmod", "x"], cwd=tmp_path, through=False))
+    assert forked.pop("preloaded") and not direct.pop("preloaded")
+    assert forked == direct and forked["name"] == "__main__" and forked["path0"] == str(tmp_path)
+
+
+def _child_pid(proc) -> int:
+    proc.stdout.readline()
+    return int(proc.stdout.readline())
+
+
+def test_signals_reach_the_child_and_its_end_is_the_clients(server, script):
+    """SIGTERM to the client ends the child by SIGTERM; a child killed (the out-of-memory killer's SIGKILL) is
+    a client killed; Ctrl-C ends both as Python ends on an uncaught KeyboardInterrupt."""
+    for sig, expected in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)):
+        proc = _start(server, [str(script)], {"LK_SLEEP": "60"})
+        child = _child_pid(proc)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == expected and not os.path.exists(f"/proc/{child}")
+        assert (sig != signal.SIGINT) or "KeyboardInterrupt" in err
+    proc = _start(server, [str(script)], {"LK_SLEEP": "60"})
+    os.kill(_child_pid(proc), signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_a_client_killed_takes_its_child_with_it(server, script):
+    proc = _start(server, [str(script)], {"LK_SLEEP": "60"})
+    child = _child_pid(proc)
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}")
+
+
+@pytest.mark.parametrize("env_extra", [{"TF_ENABLE_ONEDNN_OPTS": "1"}, {"PYTHONPATH": "/nowhere"}],
+                         ids=["tensorflow-setting", "python-path"])
+def test_a_setting_read_at_import_starts_the_rank_as_python_does(server, script, env_extra):
+    facts, _, code = _facts(_start(server, [str(script)], env_extra))
+    assert not facts["preloaded"] and code == 0
+
+
+def test_python_options_and_a_missing_server_start_the_rank_as_python_does(server, script, tmp_path):
+    facts, _, _ = _facts(_start(server, ["-u", str(script)]))
+    assert not facts["preloaded"]
+    facts, _, _ = _facts(_start(str(tmp_path / "no-server"), [str(script)]))
+    assert not facts["preloaded"]
+
+
+def test_a_launch_starts_its_ranks_with_labkit_rank_python(monkeypatch):
+    """labkit.scale.launch.rank_python: $LABKIT_RANK_PYTHON split as a shell splits it (how the suite's ranks reach
+    the server), this Python without it, one line naming the variable for a command that cannot start."""
+    from labkit.scale import launch
+    monkeypatch.setenv("LABKIT_RANK_PYTHON", f"{sys.executable} -I -S '{BIN / 'forkserver.py'}' run {sys.executable}")
+    cmd = launch.build_command(2, ["--steps", "2"], launcher="gloo")
+    assert cmd[-10:] == [sys.executable, "-I", "-S", str(BIN / "forkserver.py"), "run", sys.executable,
+                         "-m", "labkit.scale.hvd_train", "--steps", "2"]
+    monkeypatch.setenv("LABKIT_RANK_PYTHON", "no-such-python3 -u")
+    with pytest.raises(ValueError, match=r"^LABKIT_RANK_PYTHON: expected a command that starts Python.*"
+                                         r"'no-such-python3' not found"):
+        launch.build_command(2, launcher="gloo")
+    monkeypatch.delenv("LABKIT_RANK_PYTHON")
+    assert launch.build_command(2, ["--steps", "2"], launcher="gloo")[-5:] == [
+        sys.executable, "-m", "labkit.scale.hvd_train", "--steps", "2"]
