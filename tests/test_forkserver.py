@@ -123,11 +123,25 @@ def test_a_client_killed_takes_its_child_with_it(server, script):
     assert not os.path.exists(f"/proc/{child}")
 
 
-@pytest.mark.parametrize("env_extra", [{"TF_ENABLE_ONEDNN_OPTS": "1"}, {"PYTHONPATH": "/nowhere"}],
-                         ids=["tensorflow-setting", "python-path"])
-def test_a_setting_read_at_import_starts_the_rank_as_python_does(server, script, env_extra):
-    facts, _, code = _facts(_start(server, [str(script)], env_extra))
+def test_a_setting_read_at_import_starts_the_rank_as_python_does(server, script):
+    facts, _, code = _facts(_start(server, [str(script)], {"TF_ENABLE_ONEDNN_OPTS": "1"}))
     assert not facts["preloaded"] and code == 0
+
+
+def test_a_pythonpath_is_the_childs_unless_it_offers_a_module_the_server_holds(server, script, tmp_path):
+    """Its folders go where Python puts them and its sitecustomize runs, as at a start-up; a folder with its own
+    numpy (imported by the server already) makes the rank start as Python does."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['LK_FOO'] = 'from sitecustomize'\n")
+    for through in (True, False):
+        facts, err, code = _facts(_start(server, [str(script)], {"PYTHONPATH": str(site)}, through=through))
+        assert facts.pop("preloaded") is through and facts["foo"] == "from sitecustomize" and code == 0
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "numpy.py").write_text("")
+    facts, _, _ = _facts(_start(server, [str(script)], {"PYTHONPATH": f"{site}{os.pathsep}{shadow}"}))
+    assert not facts["preloaded"]
 
 
 def test_python_options_and_a_missing_server_start_the_rank_as_python_does(server, script, tmp_path):

@@ -24,12 +24,34 @@ import struct
 import sys
 
 # variables read when Python, TensorFlow, Keras or a BLAS start: a child of the server saw the server's values
-IMPORT_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHASHSEED", "LD_PRELOAD",
+IMPORT_ENV = ("PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHASHSEED", "LD_PRELOAD",
               "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS",
               "CUDA_VISIBLE_DEVICES", "KERAS_HOME", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")
 _NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 _LIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_RSS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_STACK")
+_SERVER_PYTHONPATH = os.environ.get("PYTHONPATH")
 PRELOAD = ("numpy", "tensorflow", "keras", "horovod.tensorflow", "horovod.tensorflow.keras", "psutil")
+
+
+def _top_level(folder: str) -> set:
+    """The names a folder on sys.path offers for `import NAME`."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return set()
+    return {e.split(".", 1)[0] for e in entries if e.endswith((".py", ".pyc", ".so", ".pth")) or "." not in e}
+
+
+def _pythonpath_fits(server: dict) -> bool:
+    """A PYTHONPATH of the client's own fits when none of its folders offers a module the server has imported
+    (its sitecustomize is run by the child, as site runs it): the child then imports from them what Python would."""
+    mine = os.environ.get("PYTHONPATH") or None
+    if mine == server["pythonpath"]:
+        return True
+    if server["pythonpath"]:
+        return False
+    taken = set(server["modules"]) - {"sitecustomize", "usercustomize"}
+    return not any(_top_level(d) & taken for d in mine.split(os.pathsep) if d)
 
 
 def identity() -> dict:
@@ -119,10 +141,11 @@ def client(argv) -> None:
             server = json.load(f)
     except (OSError, ValueError):
         _exec(argv, "noserver")
-    if server != identity() or os.path.abspath(argv[0]) != server["python"]:
-        mine = identity()
-        why = [k for k in server if server[k] != mine.get(k) and k != "env"]
-        why += [k for k in IMPORT_ENV if server["env"].get(k) != mine["env"].get(k)]
+    mine = identity()
+    why = [k for k in mine if server.get(k) != mine[k] and k != "env"]
+    why += [k for k in IMPORT_ENV if server["env"].get(k) != mine["env"].get(k)]
+    why += [] if _pythonpath_fits(server) else ["PYTHONPATH"]
+    if why or os.path.abspath(argv[0]) != server["python"]:
         _exec(argv, "differs:" + ",".join(why))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -180,7 +203,8 @@ def serve(path: str) -> None:
     listener.listen(64)
     tmp = f"{path}.id.{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(identity(), f)
+        json.dump({**identity(), "pythonpath": os.environ.get("PYTHONPATH") or None,
+                   "modules": sorted({name.split(".", 1)[0] for name in sys.modules})}, f)
     os.replace(tmp, path + ".id")  # clients read it whole or not at all
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -252,6 +276,7 @@ def _child(conn) -> None:
         import tempfile
         tempfile.tempdir = None  # gettempdir() reads this TMPDIR, not the server's
         _stdio(request["env"])
+        _sys_path(request["env"])
         _send(conn, {"pid": os.getpid()})
         _watch(conn)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -281,6 +306,21 @@ def _stdio(env) -> None:
                                             write_through=unbuffered or name == "stderr"))
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=sys.stdin.encoding)
     sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin
+
+
+def _sys_path(env) -> None:
+    """The client's PYTHONPATH (one that fits, _pythonpath_fits) where Python puts it, and its sitecustomize run as
+    site runs it at start-up."""
+    folders = [d for d in (env.get("PYTHONPATH") or "").split(os.pathsep) if d]
+    if not folders or env.get("PYTHONPATH") == _SERVER_PYTHONPATH:
+        return
+    sys.path[1:1] = [os.path.abspath(d) for d in folders]
+    if any(os.path.exists(os.path.join(d, "sitecustomize.py")) for d in folders):
+        try:
+            import sitecustomize  # noqa: F401
+        except Exception as err:  # noqa: BLE001  (as site: said, and the start goes on)
+            print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}",
+                  file=sys.stderr)
 
 
 def _watch(conn) -> None:
