@@ -44,7 +44,8 @@ if ("LABKIT_SUITE_FORKSERVER" not in os.environ and os.environ.get("LABKIT_HOROV
     import tempfile
     _path = os.path.join(tempfile.mkdtemp(prefix="forkserver-"), "socket")
     _FORKSERVER = subprocess.Popen([sys.executable, str(ROOT / "tests" / "bin" / "forkserver.py"), "serve", _path],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+                                   env={**os.environ, "PYTHONHASHSEED": "0"})  # labkit.base.config.set_seed(0)
     os.environ["LABKIT_SUITE_FORKSERVER"] = _path
     os.environ["LABKIT_RANK_PYTHON"] = f"{sys.executable} -I -S {ROOT / 'tests' / 'bin' / 'forkserver.py'} run " \
                                        f"{sys.executable}"  # labkit.scale.launch.rank_python: the client first

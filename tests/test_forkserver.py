@@ -36,8 +36,8 @@ def server(tmp_path_factory):
     own = None
     if not path:
         path = str(tmp_path_factory.mktemp("fs") / "socket")
-        own = subprocess.Popen([sys.executable, str(BIN / "forkserver.py"), "serve", path],
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+        own = subprocess.Popen([sys.executable, str(BIN / "forkserver.py"), "serve", path], start_new_session=True,
+                               stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONHASHSEED": "0"})  # as conftest's
     deadline = time.monotonic() + 120
     while not os.path.exists(path + ".id"):
         assert time.monotonic() < deadline, "the fork server did not start within 120 s"
@@ -56,7 +56,9 @@ def script(tmp_path):
 
 
 def _start(server, args, env_extra=None, cwd=None, through=True, **kw):
-    env = {**os.environ, "LABKIT_SUITE_FORKSERVER": server, **(env_extra or {})}
+    env = {**os.environ, "LABKIT_SUITE_FORKSERVER": server}
+    env.pop("PYTHONHASHSEED", None)  # a test of this process may have set one (labkit.base.config.set_seed)
+    env.update(env_extra or {})
     if not through:
         env.pop("LABKIT_SUITE_FORKSERVER")
     cmd = [sys.executable, "-I", "-S", str(BIN / "forkserver.py"), "run", sys.executable, *args]
@@ -126,6 +128,14 @@ def test_a_client_killed_takes_its_child_with_it(server, script):
 def test_a_setting_read_at_import_starts_the_rank_as_python_does(server, script):
     facts, _, code = _facts(_start(server, [str(script)], {"TF_ENABLE_ONEDNN_OPTS": "1"}))
     assert not facts["preloaded"] and code == 0
+
+
+@pytest.mark.parametrize("seed,forked", [("0", True), ("random", True), ("7", False)])
+def test_a_hash_seed_of_its_own_starts_the_rank_as_python_does(server, script, seed, forked):
+    """The server's hash seed is set_seed(0)'s, which the notebooks' kernels hand their ranks; a rank without one
+    may draw any, so it has the server's; another seed cannot be had after start-up."""
+    facts, _, _ = _facts(_start(server, [str(script)], {"PYTHONHASHSEED": seed}))
+    assert facts["preloaded"] is forked
 
 
 def test_a_pythonpath_is_the_childs_unless_it_offers_a_module_the_server_holds(server, script, tmp_path):

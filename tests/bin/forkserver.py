@@ -5,15 +5,16 @@ runs launch hundreds of ranks). tests/conftest.py starts one server per run (`fo
 LABKIT_RANK_PYTHON (labkit.scale.launch.rank_python), so that every launch, under horovodrun or mpirun, starts each
 rank as `python -I -S forkserver.py run PYTHON ARGS...`: a client without TensorFlow that asks the server for a child.
 The child takes the client's standard streams, working directory, environment, umask and CPU affinity, runs
-`PYTHON ARGS` (`-m module ...` or `script.py ...`) and its exit status comes back as the client's own: an exit
-code, or death by the same signal (137 after the out-of-memory killer's SIGKILL). Signals sent to the client go on
-to the child; a client that dies (SIGKILL included) takes the child with it, so a launch's clean-up still leaves
-nothing running.
+`PYTHON ARGS` (`-m module ...`, or a script's path, and their arguments) and its exit status comes back as the
+client's own: an exit code, or death by the same signal (137 after the out-of-memory killer's SIGKILL). Signals
+sent to the client go on to the child; a client that dies (SIGKILL included) takes the child with it, so a
+launch's clean-up still leaves nothing running.
 
 The client starts the rank as Python would (exec, no server) whenever the server could not give the same process:
 no server yet (its imports take a few seconds), another user (the socket is the owner's), another cgroup, namespace
-or resource limit (the Binder box, the virtual cluster's nodes, Slurm's jobs), an environment that TensorFlow reads
-at import set otherwise, or Python options it does not handle. What the server preloads is third-party only:
+or resource limit (the Binder box, the virtual cluster's nodes, Slurm's jobs), an environment that Python or
+TensorFlow reads at start-up set otherwise (a PYTHONPATH that shadows what the server imported, another hash seed),
+or Python options it does not handle. What the server preloads is third-party only:
 labkit is imported by each child afresh, so a profile or setting read at import is the child's own.
 """
 import json
@@ -24,7 +25,7 @@ import struct
 import sys
 
 # variables read when Python, TensorFlow, Keras or a BLAS start: a child of the server saw the server's values
-IMPORT_ENV = ("PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHASHSEED", "LD_PRELOAD",
+IMPORT_ENV = ("PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "LD_PRELOAD",
               "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS",
               "CUDA_VISIBLE_DEVICES", "KERAS_HOME", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")
 _NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
@@ -109,7 +110,7 @@ def _recv(sock, nfds=0):
 
 # ------------------------------------------------------------------------------------------------ client
 def _supported(argv) -> bool:
-    """PYTHON -m module ... or PYTHON script.py ...: what the child runs; any option of Python's own is not."""
+    """PYTHON -m module ... or PYTHON SCRIPT ...: what the child runs; any option of Python's own is not."""
     if len(argv) < 2:
         return False
     if argv[1] == "-m":
@@ -145,6 +146,10 @@ def client(argv) -> None:
     why = [k for k in mine if server.get(k) != mine[k] and k != "env"]
     why += [k for k in IMPORT_ENV if server["env"].get(k) != mine["env"].get(k)]
     why += [] if _pythonpath_fits(server) else ["PYTHONPATH"]
+    # a hash seed is fixed when Python starts: the server's (tests/conftest.py gives it labkit's set_seed(0), which
+    # the notebooks' kernels pass on to their ranks) is one a process without a seed of its own could have drawn
+    seed = os.environ.get("PYTHONHASHSEED", "random")
+    why += [] if seed in ("random", "", server["hashseed"]) else ["PYTHONHASHSEED"]
     if why or os.path.abspath(argv[0]) != server["python"]:
         _exec(argv, "differs:" + ",".join(why))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -204,6 +209,7 @@ def serve(path: str) -> None:
     tmp = f"{path}.id.{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump({**identity(), "pythonpath": os.environ.get("PYTHONPATH") or None,
+                   "hashseed": os.environ.get("PYTHONHASHSEED", "random"),
                    "modules": sorted({name.split(".", 1)[0] for name in sys.modules})}, f)
     os.replace(tmp, path + ".id")  # clients read it whole or not at all
     wake_r, wake_w = os.pipe()
