@@ -142,15 +142,37 @@ def _unit(nodeid: str) -> str:
     return SERIAL_UNIT if path in SERIAL_FILES else SOLO_TESTS.get(nodeid) or SOLO_CORE_UNITS.get(nodeid) or path
 
 
-@pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist) must still start
-def pytest_xdist_make_scheduler(config, log):
+def by_file_scheduler():
+    """xdist's LoadScopeScheduling with our units for scopes (xdist's own are classes and modules), where a process
+    that has taken one 1-CPU box unit is handed any other unit before a second: xdist hands a process its next unit
+    while it still holds two tests (its worker keeps the last one back until it knows what follows), so one process
+    took both box units of two tests each and ran them one after the other on one core, while the other process
+    waited with the busy box for it to finish."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class ByFile(LoadScopeScheduling):  # xdist's own scopes are classes and modules; ours files and the units
+    boxes = set(SOLO_CORE_UNITS.values())
+
+    class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid):
             return _unit(nodeid)
 
-    return ByFile(config, log)
+        def _assign_work_unit(self, node):
+            taken = getattr(self, "_boxes_taken", set())
+            self._boxes_taken = taken
+            if node in taken:  # another unit first, if there is one
+                other = next((scope for scope in self.workqueue if scope not in boxes), None)
+                if other is not None:
+                    self.workqueue.move_to_end(other, last=False)
+            if next(iter(self.workqueue)) in boxes:
+                taken.add(node)
+            super()._assign_work_unit(node)
+
+    return ByFile
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest without xdist (-p no:xdist) must still start
+def pytest_xdist_make_scheduler(config, log):
+    return by_file_scheduler()(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

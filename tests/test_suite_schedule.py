@@ -1,5 +1,9 @@
-"""tests/conftest.py's schedule: the Binder box's units wait for the other test process by its state file."""
+"""tests/conftest.py's schedule: the Binder box's units wait for the other test process by its state file, and go
+one to each test process."""
 import os
+from types import SimpleNamespace
+
+import pytest
 
 import conftest
 
@@ -30,3 +34,44 @@ def test_the_full_profiles_notebook_runs_leave_the_serial_unit_but_its_slurm_tem
     assert conftest._unit(f"{smoke}::test_notebook_runs_in_full_profile_at_smoke_scale[x]") == smoke
     assert conftest._unit(f"{smoke}::test_single_node_template_in_full_profile_at_smoke_scale") == conftest.SERIAL_UNIT
     assert conftest._unit("tests/course/test_slurm.py::test_x") == conftest.SERIAL_UNIT
+
+
+class _Node:
+    """A test process as xdist's scheduler sees it: what it was sent, whether it was told to stop."""
+
+    def __init__(self, name):
+        self.gateway, self.shutting_down, self.sent = SimpleNamespace(id=name), False, []
+
+    def send_runtest_some(self, indices):
+        self.sent += indices
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def test_the_two_box_units_go_one_to_each_process(monkeypatch):
+    """The process that takes the first 1-CPU box unit is handed the busy box next, not the second 1-CPU box unit:
+    that one goes to the other process when it is through its own tests, so the two boxes run side by side."""
+    pytest.importorskip("xdist")
+    import xdist.scheduler.loadscope as loadscope
+    monkeypatch.setattr(loadscope, "parse_tx_spec_config", lambda config: ["popen", "popen"])
+    box = conftest.BOX_FILE + "::test_notebook_runs_through_on_one_cpu[{}]"
+    tests = ["tests/a_test.py::one", "tests/a_test.py::two", "tests/b_test.py::one", "tests/b_test.py::two",
+             "tests/b_test.py::three", *(box.format(nb) for nb in ("01_cnn_basics.ipynb", "05_network_sweep.ipynb",
+                                                                   "04_horovod_scaling.ipynb",
+                                                                   "07_scaling_deep_dive.ipynb")),
+             next(iter(conftest.SOLO_TESTS))]
+    config = SimpleNamespace(option=SimpleNamespace(loadscopereorder=False))
+    sched = conftest.by_file_scheduler()(config, None)
+    first, second = _Node("gw0"), _Node("gw1")
+    for node in (first, second):
+        sched.add_node(node)
+        sched.add_node_collection(node, tests)
+    sched.schedule()
+    for index in (0, 1):  # the first process is through its file; the second still runs its own
+        sched.mark_test_complete(first, index)
+    got = {node: [tests[i] for i in node.sent] for node in (first, second)}
+    assert got[first] == [*tests[:2], *tests[5:7], tests[9]] and got[second] == tests[2:5], got
+    for index in (2, 3):
+        sched.mark_test_complete(second, index)
+    assert [tests[i] for i in second.sent[3:]] == tests[7:9]
