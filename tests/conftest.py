@@ -40,22 +40,40 @@ if Path(sys.executable).with_name("horovodrun").exists():
 _FORKSERVER = None
 if ("LABKIT_SUITE_FORKSERVER" not in os.environ and os.environ.get("LABKIT_HOROVODRUN", "").startswith(str(ROOT))
         and sys.platform == "linux"):
+    import shlex
     import subprocess
     import tempfile
     _path = os.path.join(tempfile.mkdtemp(prefix="forkserver-"), "socket")
     _FORKSERVER = subprocess.Popen([sys.executable, str(ROOT / "tests" / "bin" / "forkserver.py"), "serve", _path],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
                                    env={**os.environ, "PYTHONHASHSEED": "0"})  # labkit.base.config.set_seed(0)
+    _client = [sys.executable, "-I", "-S", str(ROOT / "tests" / "bin" / "forkserver.py"), "run"]
     os.environ["LABKIT_SUITE_FORKSERVER"] = _path
-    os.environ["LABKIT_RANK_PYTHON"] = f"{sys.executable} -I -S {ROOT / 'tests' / 'bin' / 'forkserver.py'} run " \
-                                       f"{sys.executable}"  # labkit.scale.launch.rank_python: the client first
+    os.environ["LABKIT_RANK_PYTHON"] = shlex.join([*_client, sys.executable])  # labkit.scale.launch.rank_python
+    _kernel_spec = Path(_path).parent / "jupyter"  # the notebooks' kernels too: the labkit kernel's spec, the client
+    try:                                           # first, in JUPYTER_PATH's first folder
+        import json
+        import shutil
+
+        from jupyter_client.kernelspec import KernelSpecManager
+        _spec = KernelSpecManager().get_kernel_spec("labkit")
+        shutil.copytree(_spec.resource_dir, _kernel_spec / "kernels" / "labkit")
+        (_kernel_spec / "kernels" / "labkit" / "kernel.json").write_text(json.dumps(
+            {**_spec.to_dict(), "argv": [*_client, *_spec.argv]}, indent=1))
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(_kernel_spec), os.environ.get("JUPYTER_PATH")]))
+    except Exception:  # noqa: BLE001  (no labkit kernel here: nbval's runs say so themselves)
+        pass
 elif os.environ.get("LABKIT_SUITE_FORKSERVER") == "0":
     del os.environ["LABKIT_SUITE_FORKSERVER"]
-_FORKSERVER_VARS = ("LABKIT_SUITE_FORKSERVER", "LABKIT_RANK_PYTHON")
+# the suite's settings that send ranks and kernels to the server, and what they are without it
+_FORKSERVER_VARS = {"LABKIT_SUITE_FORKSERVER": None, "LABKIT_RANK_PYTHON": None,
+                    "JUPYTER_PATH": os.pathsep.join(d for d in os.environ.get("JUPYTER_PATH", "").split(os.pathsep)
+                                                    if not Path(d).parent.name.startswith("forkserver-")) or None}
 REAL_RANKS = ("tests/scale/test_launch.py", "tests/scale/test_resume.py", "tests/cluster/", "tests/deepdive/",
               "tests/sweep/", "tests/course/test_binder_box.py", "tests/course/test_slurm.py",
               "tests/course/test_lab.py", "tests/course/test_refresh_exit.py",
-              "tests/exercises/test_check_hvd.py::test_the_learner_entry_point_runs_the_script_and_prints_one_line")
+              "tests/exercises/test_check_hvd.py::test_the_learner_entry_point_runs_the_script_and_prints_one_line",
+              "tests/exercises/test_check_resume.py::test_the_learner_s_entry_point_end_to_end")
 
 
 @pytest.fixture
@@ -238,11 +256,14 @@ def pytest_runtest_protocol(item, nextitem):
         mine.write_text(f"{os.getpid()} solo")  # this process now runs only the box's units
         while any(_in_the_way(f, alone is not None) for f in mine.parent.iterdir() if f != mine):
             time.sleep(1)
-    if _FORKSERVER_VARS[0] in os.environ and item.nodeid.startswith(REAL_RANKS):  # with its module's fixtures
+    if "LABKIT_SUITE_FORKSERVER" in os.environ and item.nodeid.startswith(REAL_RANKS):  # its module's fixtures too
         saved = {name: os.environ.pop(name) for name in _FORKSERVER_VARS if name in os.environ}
+        os.environ.update({name: value for name, value in _FORKSERVER_VARS.items() if value is not None})
         try:
             yield
         finally:
+            for name in _FORKSERVER_VARS:
+                os.environ.pop(name, None)
             os.environ.update(saved)
     else:
         yield

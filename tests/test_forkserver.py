@@ -94,7 +94,8 @@ def test_a_module_runs_as_python_m_does(server, tmp_path):
 
 
 def _child_pid(proc) -> int:
-    proc.stdout.readline()
+    """The pid of the process that runs the script, once it runs, which must be the server's child."""
+    assert json.loads(proc.stdout.readline())["preloaded"], "the script did not start from the server"
     return int(proc.stdout.readline())
 
 
@@ -152,6 +153,10 @@ def test_a_pythonpath_is_the_childs_unless_it_offers_a_module_the_server_holds(s
     (shadow / "numpy.py").write_text("")
     facts, _, _ = _facts(_start(server, [str(script)], {"PYTHONPATH": f"{site}{os.pathsep}{shadow}"}))
     assert not facts["preloaded"]
+    beside = shadow / "rank.py"  # a script whose own folder (sys.path[0]) offers numpy
+    beside.write_text(SCRIPT)
+    facts, _, _ = _facts(_start(server, [str(beside)]))
+    assert not facts["preloaded"]
 
 
 def test_python_options_and_a_missing_server_start_the_rank_as_python_does(server, script, tmp_path):
@@ -176,3 +181,26 @@ def test_a_launch_starts_its_ranks_with_labkit_rank_python(monkeypatch):
     monkeypatch.delenv("LABKIT_RANK_PYTHON")
     assert launch.build_command(2, ["--steps", "2"], launcher="gloo")[-5:] == [
         sys.executable, "-m", "labkit.scale.hvd_train", "--steps", "2"]
+
+
+def test_the_suites_notebook_kernel_starts_from_it_and_is_interrupted_as_a_kernel_is(server):
+    """Where the suite runs the server, its labkit kernel (JUPYTER_PATH) has TensorFlow before its first cell, and a
+    Ctrl-C from Jupyter (the kernel's interrupt) stops a running cell, as in a kernel started by Python."""
+    if not os.environ.get("LABKIT_SUITE_FORKSERVER"):
+        pytest.skip("the suite runs no fork server here (LABKIT_SUITE_FORKSERVER=0, or no suite horovodrun)")
+    from jupyter_client.manager import start_new_kernel
+    km, kc = start_new_kernel(kernel_name="labkit")
+    try:
+        assert str(BIN / "forkserver.py") in km.kernel_spec.argv
+        outputs = []
+        kc.execute_interactive("import sys; print('tensorflow' in sys.modules)", timeout=60,
+                               output_hook=lambda msg: outputs.append(msg["content"].get("text", "")))
+        assert "".join(outputs).strip() == "True"
+        msg_id = kc.execute("import time; time.sleep(60)")
+        time.sleep(1)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

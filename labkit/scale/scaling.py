@@ -411,11 +411,13 @@ def _ask_ranks_to_checkpoint() -> int:
     stop after the current step, rank 0 checkpoints, all exit cleanly. The number of ranks asked."""
     import psutil
 
-    from labkit.scale.launch import WORKER
+    from labkit.scale.launch import WORKER, rank_python
+    starts = {1, len(rank_python())}  # `python -m WORKER`, or LABKIT_RANK_PYTHON's words and then -m WORKER
     asked = 0
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.cmdline()[1:3] == ["-m", WORKER]:  # the ranks themselves, not the launcher naming them
+            cmd = p.cmdline()
+            if any(cmd[i:i + 2] == ["-m", WORKER] for i in starts):  # the ranks themselves, not the launcher
                 p.send_signal(signal.SIGUSR1)
                 asked += 1
         except psutil.Error:

@@ -1,9 +1,11 @@
-"""A fork server for the suite's Horovod ranks: TensorFlow, Keras and Horovod imported once, a rank forked from it.
+"""A fork server for the suite's ranks and kernels: TensorFlow, Keras and Horovod imported once, each forked from it.
 
 Every rank the suite starts imports TensorFlow first: about 3 s of CPU, on every rank of every launch (the notebook
 runs launch hundreds of ranks). tests/conftest.py starts one server per run (`forkserver.py serve SOCKET`) and sets
 LABKIT_RANK_PYTHON (labkit.scale.launch.rank_python), so that every launch, under horovodrun or mpirun, starts each
 rank as `python -I -S forkserver.py run PYTHON ARGS...`: a client without TensorFlow that asks the server for a child.
+The notebooks' kernels start the same way: conftest puts a copy of the labkit kernel's spec, the client first, in
+JUPYTER_PATH's first folder.
 The child takes the client's standard streams, working directory, environment, umask and CPU affinity, runs
 `PYTHON ARGS` (`-m module ...`, or a script's path, and their arguments) and its exit status comes back as the
 client's own: an exit code, or death by the same signal (137 after the out-of-memory killer's SIGKILL). Signals
@@ -17,21 +19,28 @@ TensorFlow reads at start-up set otherwise (a PYTHONPATH that shadows what the s
 or Python options it does not handle. What the server preloads is third-party only:
 labkit is imported by each child afresh, so a profile or setting read at import is the child's own.
 """
-import json
-import os
-import signal
-import socket
-import struct
 import sys
 
+_AT_START = {name.split(".", 1)[0] for name in sys.modules}  # what Python imported before any sys.path[0] or script
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+
 # variables read when Python, TensorFlow, Keras or a BLAS start: a child of the server saw the server's values
-IMPORT_ENV = ("PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "LD_PRELOAD",
+IMPORT_ENV = ("LANG", "LC_ALL", "LC_CTYPE", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "GOTO_NUM_THREADS", "LD_PRELOAD",
               "LD_LIBRARY_PATH", "TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS",
               "CUDA_VISIBLE_DEVICES", "KERAS_HOME", "KERAS_BACKEND", "TF_USE_LEGACY_KERAS")
+# PYTHON* variables a child takes as its own (the rest are read at start-up, and must be the server's)
+_PYTHON_OWN = ("PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+# sizes of the BLAS pools numpy loads: a child sets its own (threadpoolctl), as a process would have them at start
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 _LIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_RSS", "RLIMIT_CPU", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_STACK")
 _SERVER_PYTHONPATH = os.environ.get("PYTHONPATH")
-PRELOAD = ("numpy", "tensorflow", "keras", "horovod.tensorflow", "horovod.tensorflow.keras", "psutil")
+PRELOAD = ("numpy", "tensorflow", "keras", "horovod.tensorflow", "horovod.tensorflow.keras", "psutil",
+           "ipykernel.kernelapp")  # the notebooks' kernels start from it too (tests/conftest.py)
 
 
 def _top_level(folder: str) -> set:
@@ -55,11 +64,17 @@ def _pythonpath_fits(server: dict) -> bool:
     return not any(_top_level(d) & taken for d in mine.split(os.pathsep) if d)
 
 
+def _first_path(argv) -> str:
+    """What Python puts first on sys.path for argv: the working directory for -m, else the script's folder."""
+    return os.getcwd() if argv[1] == "-m" else os.path.dirname(os.path.abspath(argv[1]))
+
+
 def identity() -> dict:
     """What a process shares with the server when a child of the server can stand in for it."""
     import resource
     python = os.path.abspath(sys.executable)
     env = {k: os.environ.get(k) for k in IMPORT_ENV}
+    env.update({k: v for k, v in os.environ.items() if k.startswith("PYTHON") and k not in _PYTHON_OWN})
     if env["LD_LIBRARY_PATH"]:  # mpirun puts its lib folder first: the server loaded Open MPI from there already
         own_lib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib")
         env["LD_LIBRARY_PATH"] = ":".join(d for d in env["LD_LIBRARY_PATH"].split(":") if d != own_lib) or None
@@ -109,6 +124,18 @@ def _recv(sock, nfds=0):
 
 
 # ------------------------------------------------------------------------------------------------ client
+def _without_frozen_modules(argv) -> list:
+    """argv without -X frozen_modules=...: it only chooses where the standard library's bytecode comes from (a
+    debugger's wish: the Jupyter kernel's spec asks for it), which the server's child has loaded already."""
+    out, i = [argv[0]], 1
+    while i < len(argv) and argv[i].startswith("-X"):
+        opt, step = (argv[i][2:], 1) if argv[i] != "-X" else ((argv[i + 1] if i + 1 < len(argv) else ""), 2)
+        if not opt.startswith("frozen_modules="):
+            break
+        i += step
+    return out + list(argv[i:])
+
+
 def _supported(argv) -> bool:
     """PYTHON -m module ... or PYTHON SCRIPT ...: what the child runs; any option of Python's own is not."""
     if len(argv) < 2:
@@ -116,6 +143,14 @@ def _supported(argv) -> bool:
     if argv[1] == "-m":
         return len(argv) >= 3
     return not argv[1].startswith("-")
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _umask() -> int:
@@ -135,42 +170,48 @@ def _exec(argv, why=""):
 def client(argv) -> None:
     """Run argv (PYTHON ARGS...) as a child of the server at $LABKIT_SUITE_FORKSERVER, else exec it."""
     path = os.environ.get("LABKIT_SUITE_FORKSERVER", "")
+    original, argv = argv, _without_frozen_modules(argv)
     if not path or not _supported(argv):
-        _exec(argv, "unsupported")
+        _exec(original, "unsupported")
     try:
         with open(path + ".id") as f:
             server = json.load(f)
     except (OSError, ValueError):
-        _exec(argv, "noserver")
+        _exec(original, "noserver")
     mine = identity()
     why = [k for k in mine if server.get(k) != mine[k] and k != "env"]
-    why += [k for k in IMPORT_ENV if server["env"].get(k) != mine["env"].get(k)]
+    why += [k for k in {*server["env"], *mine["env"]} if server["env"].get(k) != mine["env"].get(k)]
+    why += [] if all(os.environ.get(k, "1").isdigit() for k in BLAS_THREADS) else ["BLAS threads"]
+    why += [] if not _top_level(_first_path(argv)) & set(server["modules"]) else ["sys.path[0]"]
     why += [] if _pythonpath_fits(server) else ["PYTHONPATH"]
     # a hash seed is fixed when Python starts: the server's (tests/conftest.py gives it labkit's set_seed(0), which
     # the notebooks' kernels pass on to their ranks) is one a process without a seed of its own could have drawn
     seed = os.environ.get("PYTHONHASHSEED", "random")
     why += [] if seed in ("random", "", server["hashseed"]) else ["PYTHONHASHSEED"]
     if why or os.path.abspath(argv[0]) != server["python"]:
-        _exec(argv, "differs:" + ",".join(why))
+        _exec(original, "differs:" + ",".join(why))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
         _send(sock, {"argv": argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask(),
                      "affinity": sorted(os.sched_getaffinity(0))}, fds=(0, 1, 2))
         hello, _ = _recv(sock)
-    except (OSError, EOFError, ValueError):
+        pid = hello["pid"]  # a status instead: the child ended before it ran anything
+    except (OSError, EOFError, ValueError, KeyError):
         sock.close()
-        _exec(argv, "connect")  # nothing has run yet: start it as Python would
-    pid = hello["pid"]
+        _exec(original, "connect")  # nothing has run yet: start it as Python would
     if os.environ.get("LABKIT_SUITE_FORKSERVER_TRACE"):
         with open(os.environ["LABKIT_SUITE_FORKSERVER_TRACE"], "a") as f:
             f.write(f"fork {' '.join(argv)[:120]}\n")
 
-    def forward(signum, _frame):
+    def forward(signum, _frame):  # to the child's process group, as to a process group of its own
         try:
-            os.kill(pid, signum)
+            os.killpg(pid, signum)
         except OSError:
             pass
+
+    if os.environ.get("JPY_PARENT_PID") == str(os.getppid()):  # a Jupyter kernel: it ends with its parent, whose
+        _die_with_parent()  # death ipykernel sees in a kernel started by Python (its parent poller)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
@@ -189,13 +230,9 @@ def client(argv) -> None:
 # ------------------------------------------------------------------------------------------------ server
 def serve(path: str) -> None:
     """Preload, listen on path (mode 0600), fork a child per connection, send each client its child's status."""
-    import ctypes
     import importlib
     import select
-    try:  # die with the suite that started us
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    _die_with_parent()  # the suite that started us
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -210,7 +247,7 @@ def serve(path: str) -> None:
     with open(tmp, "w") as f:
         json.dump({**identity(), "pythonpath": os.environ.get("PYTHONPATH") or None,
                    "hashseed": os.environ.get("PYTHONHASHSEED", "random"),
-                   "modules": sorted({name.split(".", 1)[0] for name in sys.modules})}, f)
+                   "modules": sorted({name.split(".", 1)[0] for name in sys.modules} - _AT_START)}, f)
     os.replace(tmp, path + ".id")  # clients read it whole or not at all
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -232,8 +269,15 @@ def serve(path: str) -> None:
         if wake_r in ready:
             os.read(wake_r, 512)
         if listener in ready:
-            conn, _ = listener.accept()
-            pid = os.fork()
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            try:
+                pid = os.fork()
+            except OSError:  # the client finds the socket closed before any reply: it starts as Python would
+                conn.close()
+                continue
             if pid == 0:
                 listener.close()
                 signal.set_wakeup_fd(-1)
@@ -283,6 +327,7 @@ def _child(conn) -> None:
         tempfile.tempdir = None  # gettempdir() reads this TMPDIR, not the server's
         _stdio(request["env"])
         _sys_path(request["env"])
+        _started_as(request["env"])
         _send(conn, {"pid": os.getpid()})
         _watch(conn)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -307,9 +352,9 @@ def _stdio(env) -> None:
         old = getattr(sys, name)
         raw = io.FileIO(fd, "w", closefd=False)
         buf = raw if unbuffered else io.BufferedWriter(raw)
-        setattr(sys, name, io.TextIOWrapper(buf, encoding=old.encoding, errors=old.errors,
-                                            line_buffering=name == "stdout" and not unbuffered and raw.isatty(),
-                                            write_through=unbuffered or name == "stderr"))
+        setattr(sys, name, io.TextIOWrapper(buf, encoding=old.encoding, errors=old.errors,  # as Python 3.9+ does:
+                                            line_buffering=not unbuffered and (name == "stderr" or raw.isatty()),
+                                            write_through=unbuffered))  # stderr line-buffered, -u unbuffered
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=sys.stdin.encoding)
     sys.__stdout__, sys.__stderr__, sys.__stdin__ = sys.stdout, sys.stderr, sys.stdin
 
@@ -322,11 +367,24 @@ def _sys_path(env) -> None:
         return
     sys.path[1:1] = [os.path.abspath(d) for d in folders]
     if any(os.path.exists(os.path.join(d, "sitecustomize.py")) for d in folders):
+        sys.modules.pop("sitecustomize", None)  # the server's own, if its Python had one, is not the client's
         try:
             import sitecustomize  # noqa: F401
         except Exception as err:  # noqa: BLE001  (as site: said, and the start goes on)
             print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(err).__name__}: {err}",
                   file=sys.stderr)
+
+
+def _started_as(env) -> None:
+    """What a Python started with env would have set at start-up: bytecode writing, numpy's BLAS pool size."""
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    blas = next((env[k] for k in BLAS_THREADS if env.get(k)), None)  # OpenBLAS's order of precedence
+    if blas is not None:
+        try:
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(limits=int(blas), user_api="blas")
+        except ImportError:
+            pass
 
 
 def _watch(conn) -> None:
@@ -339,7 +397,7 @@ def _watch(conn) -> None:
                 pass
         except OSError:
             pass
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.killpg(0, signal.SIGKILL)  # this child's group: what it started goes with it
 
     threading.Thread(target=wait, name="forkserver-client", daemon=True).start()
 
@@ -371,9 +429,8 @@ def _run(argv) -> int:
         _finish(threading, atexit)
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # as Python ends on an uncaught Ctrl-C: by SIGINT
         os.kill(os.getpid(), signal.SIGINT)
-    except BaseException:  # noqa: BLE001
-        import traceback
-        traceback.print_exc()
+    except BaseException:  # noqa: BLE001  (as the interpreter reports an uncaught exception)
+        sys.excepthook(*sys.exc_info())
         code = 1
     _finish(threading, atexit)
     return code
