@@ -175,6 +175,18 @@ def unavailable_reason() -> str | None:
     return "no cgroup memory controller is mounted (neither v1 nor v2)"
 
 
+def own_cgroups() -> dict:
+    """This process's cgroup in each hierarchy (/proc/self/cgroup): controller -> path, "" for cgroup v2's."""
+    out = {}
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            out.update({name: path for name in (controllers.split(",") if controllers else [""])})
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 class Box:
     """A memory + CPU limited cgroup; `with Box(...) as box: box.enter()` puts this process in it."""
 
@@ -192,7 +204,8 @@ class Box:
         self.name = f"labkit-box-{os.getpid()}-{time.monotonic_ns() % 10**6}"
         self.v1 = (V1_MEMORY / "memory.limit_in_bytes").exists()
         self.dirs: list[Path] = []
-        self._home: list[Path] = []  # cgroup.procs files to move back to on exit
+        self._home: list[Path] = []  # cgroup.procs files of the groups this process came from (enter(), close())
+        self._entered = False
 
     # -- set up / tear down ----------------------------------------------------------------------------
     def _cpu_list(self, allowed: str) -> str:
@@ -204,6 +217,7 @@ class Box:
         return ",".join(str(c) for c in cpus[: self.cpus])
 
     def __enter__(self):
+        origin = own_cgroups()  # where close() puts this process back: its own groups, not the hierarchies' roots
         try:
             if self.v1:
                 mem = V1_MEMORY / self.name
@@ -212,14 +226,14 @@ class Box:
                 (mem / "memory.limit_in_bytes").write_text(str(self.memory))
                 if (mem / "memory.memsw.limit_in_bytes").exists():  # no escape into swap
                     (mem / "memory.memsw.limit_in_bytes").write_text(str(self.memory))
-                self._home.append(V1_MEMORY / "cgroup.procs")
+                self._home.append(V1_MEMORY / origin.get("memory", "/").lstrip("/") / "cgroup.procs")
                 if V1_CPUSET.exists():
                     cs = V1_CPUSET / self.name
                     cs.mkdir()
                     self.dirs.append(cs)
                     (cs / "cpuset.cpus").write_text(self._cpu_list((V1_CPUSET / "cpuset.cpus").read_text()))
                     (cs / "cpuset.mems").write_text((V1_CPUSET / "cpuset.mems").read_text().strip())
-                    self._home.append(V1_CPUSET / "cgroup.procs")
+                    self._home.append(V1_CPUSET / origin.get("cpuset", "/").lstrip("/") / "cgroup.procs")
             else:
                 grp = V2_ROOT / self.name
                 grp.mkdir()
@@ -229,7 +243,7 @@ class Box:
                     (grp / "memory.swap.max").write_text("0")
                 if (grp / "cpuset.cpus").exists():
                     (grp / "cpuset.cpus").write_text(self._cpu_list((V2_ROOT / "cpuset.cpus.effective").read_text()))
-                self._home.append(V2_ROOT / "cgroup.procs")
+                self._home.append(V2_ROOT / origin.get("", "/").lstrip("/") / "cgroup.procs")
         except BaseException:
             self.close()
             raise
@@ -253,7 +267,7 @@ class Box:
     def close(self):
         """Move this process out, end what it left behind in the box (its own children), remove the group."""
         me = os.getpid()
-        for home in self._home:
+        for home in self._home if self._entered else ():  # a process that never entered stays where it is
             try:
                 home.write_text(str(me))
             except OSError:
@@ -280,6 +294,7 @@ class Box:
     # -- use ---------------------------------------------------------------------------------------------
     def enter(self, pid: int | None = None):
         """Put a process (default: this one) into the box; its future children start inside."""
+        self._entered = self._entered or pid in (None, os.getpid())
         for d in self.dirs:
             self._procs_file(d).write_text(str(pid or os.getpid()))
 

@@ -61,11 +61,26 @@ def test_box_kills_a_process_past_the_limit_and_cleans_up():
 
 @needs_box
 def test_box_context_removes_group_on_error():
+    before = binder_box.own_cgroups()
     with pytest.raises(KeyError):
         with binder_box.Box(256 * 2**20, 1) as box:
             assert box.pids() == [] and box.dirs
             raise KeyError("boom")
     assert _left_behind(box.name) == []
+    assert binder_box.own_cgroups() == before  # never entered: left where it was, not moved to a root
+
+
+@needs_box
+def test_a_process_that_entered_the_box_goes_back_to_its_own_groups():
+    """close() puts the process back in the groups it came from (a job's memory group, say), not the roots."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import binder_box\n"
+            "before = binder_box.own_cgroups()\n"
+            "with binder_box.Box(512 * 2**20, 1) as box:\n"
+            "    box.enter(); inside = binder_box.own_cgroups()\n"
+            "print(before != inside and binder_box.own_cgroups() == before)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "scripts")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "True", out.stdout + out.stderr
 
 
 def _one_line_exit_2(done, word):
