@@ -159,11 +159,16 @@ def _umask() -> int:
     return mask
 
 
-def _exec(argv, why=""):
+def _trace(what: str, argv) -> None:
+    """One line per start in $LABKIT_SUITE_FORKSERVER_TRACE, if set: forked, or started as Python would and why."""
     trace = os.environ.get("LABKIT_SUITE_FORKSERVER_TRACE")
     if trace:
         with open(trace, "a") as f:
-            f.write(f"exec {why} {' '.join(argv)[:120]}\n")
+            f.write(f"{what} {' '.join(argv)[:120]}\n")
+
+
+def _exec(argv, why=""):
+    _trace(f"exec {why}", argv)
     os.execv(argv[0], argv)
 
 
@@ -200,9 +205,7 @@ def client(argv) -> None:
     except (OSError, EOFError, ValueError, KeyError):
         sock.close()
         _exec(original, "connect")  # nothing has run yet: start it as Python would
-    if os.environ.get("LABKIT_SUITE_FORKSERVER_TRACE"):
-        with open(os.environ["LABKIT_SUITE_FORKSERVER_TRACE"], "a") as f:
-            f.write(f"fork {' '.join(argv)[:120]}\n")
+    _trace("fork", argv)
 
     def forward(signum, _frame):  # to the child's process group, as to a process group of its own
         try:
