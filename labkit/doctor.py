@@ -1,7 +1,8 @@
 """`labkit doctor`: what is installed and working, and a one-line fix for anything missing (00_welcome).
 
 `doctor()` returns the report as data; `labkit doctor` prints it and exits 1 when something the course
-needs is missing. Horovod's own `horovodrun --check-build` is the source of truth for what it was built with.
+needs is missing. What Horovod was built with is asked of Horovod itself, as `horovodrun --check-build` asks it
+(labkit.scale.horovod_info.probe_build), in the Python the ranks run.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import labkit
 from labkit.base import config
-from labkit.scale.horovod_info import failed_build, run_check_build
+from labkit.scale import launch
+from labkit.scale.horovod_info import failed_build, horovodrun_path, probe_build
 
 SUPPORTED_PYTHON = ((3, 11), (3, 11))  # the one the suite runs on
 PINNED_TF = "2.15.1"
@@ -90,24 +92,26 @@ def _tensorflow_check(report: Report) -> Check:
 
 def _horovod_check(report: Report) -> Check:
     fix = "build it: `make setup` (or scripts/build-horovod.sh inside your environment)"
-    build, returncode, why = run_check_build()
+    try:
+        python = launch.rank_python()  # the Python each rank runs: its Horovod is the one that matters
+    except ValueError as err:
+        return Check("horovod", False, str(err), f"set {launch.RANK_PYTHON_ENV} to a command that starts Python")
+    build, why = (None, "not installed") if horovodrun_path() is None else probe_build(python)
+    if build is not None and build["version"] is None:
+        build, why = None, f"not installed ({build['error']})"
     if build is None:
         logged = failed_build()  # scripts/setup.sh tried and failed: its reason, and where the log is
         if logged is not None:
             why = f"{why}: the last build stopped with: {logged[1]}"
             fix = f"{fix}, once the cause is fixed; the build's log: {logged[0]}"
         return Check("horovod", False, why, fix)
-    # --check-build marks PyTorch even when torch is absent: report TensorFlow and the transports only
-    build["frameworks"] = [f for f in build["frameworks"] if f == "TensorFlow"]
-    report.info["horovod_build"] = build
-    if returncode != 0 or build["version"] is None:
-        return Check("horovod", False, f"horovodrun --check-build exited {returncode}", fix)
+    report.info["horovod_build"] = {k: build[k] for k in ("version", "frameworks", "controllers", "operations")}
     transports = sorted(set(build["controllers"]) | set(build["operations"]))
     value = f"{build['version']} (TensorFlow: {'yes' if build['frameworks'] else 'NO'}; " \
             f"controllers: {', '.join(build['controllers']) or 'none'}; " \
             f"ops: {', '.join(build['operations']) or 'none'})"
     if not build["frameworks"]:
-        return Check("horovod", False, value, "Horovod was built without TensorFlow: " + fix)
+        return Check("horovod", False, f"{value}: {build['error']}", "Horovod was built without TensorFlow: " + fix)
     if not ({"Gloo", "MPI"} & set(transports)):
         return Check("horovod", False, value, "Horovod has neither Gloo nor MPI: " + fix)
     if build["version"] != PINNED_HOROVOD:

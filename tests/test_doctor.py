@@ -1,46 +1,21 @@
 import json
 import os
-import stat
 import subprocess
 import sys
 
 import pytest
 
 from labkit import doctor
-from labkit.scale import horovod_info as horovod
-
-CHECK_BUILD = """\
-Horovod v0.28.1:
-
-Available Frameworks:
-    [X] TensorFlow
-    [X] PyTorch
-    [ ] MXNet
-
-Available Controllers:
-    [ ] MPI
-    [X] Gloo
-
-Available Tensor Operations:
-    [ ] NCCL
-    [ ] DDL
-    [ ] CCL
-    [ ] MPI
-    [X] Gloo
-"""
 
 
-def test_parse_check_build():
-    build = horovod.parse_check_build(CHECK_BUILD)
-    assert build == {"version": "0.28.1", "frameworks": ["TensorFlow", "PyTorch"],
-                     "controllers": ["Gloo"], "operations": ["Gloo"]}
-
-
-def fake_horovodrun(tmp_path, text):
-    exe = tmp_path / "horovodrun"
-    exe.write_text("#!/bin/sh\ncat <<'EOF'\n" + text + "EOF\n")
-    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    return exe
+def fake_horovod(tmp_path, tensorflow_import: str) -> dict:
+    """An environment whose `import horovod` finds a Horovod 0.28.1 package in tmp_path, and whose
+    `import horovod.tensorflow` runs tensorflow_import (an extension that does not load raises there)."""
+    pkg = tmp_path / "fake" / "horovod"
+    (pkg / "tensorflow").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('__version__ = "0.28.1"\n')
+    (pkg / "tensorflow" / "__init__.py").write_text(tensorflow_import + "\n")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "fake"), os.environ.get("PYTHONPATH")]))}
 
 
 def run_doctor(env_extra):
@@ -68,16 +43,46 @@ def test_doctor_fails_with_a_fix_when_horovod_is_missing(tmp_path):
     assert "fix horovod:" in proc.stdout and "make setup" in proc.stdout
 
 
+def _line(text: str, check: str) -> str:
+    """The doctor's line for one check, its padding squeezed: '[FAIL] horovod 0.27.2 (...)'."""
+    return " ".join(next(ln for ln in text.splitlines() if ln.split("] ", 1)[-1].startswith(check + " ")).split())
+
+
 def test_doctor_fails_when_horovod_lacks_tensorflow(tmp_path):
-    exe = fake_horovodrun(tmp_path, CHECK_BUILD.replace("[X] TensorFlow", "[ ] TensorFlow"))
-    proc = run_doctor({"LABKIT_HOROVODRUN": str(exe)})
+    """A Horovod whose TensorFlow extension does not load (built without it, or against another TensorFlow)."""
+    env = fake_horovod(tmp_path, 'raise ImportError("mpi_lib.so: undefined symbol: _ZN10tensorflow8OpKernel")')
+    proc = run_doctor(env)
+    assert proc.returncode == 1, proc.stdout
+    line = _line(proc.stdout, "horovod")
+    assert line.startswith("[FAIL] horovod 0.28.1 (TensorFlow: NO") and "undefined symbol" in line, proc.stdout
+    assert "fix horovod: Horovod was built without TensorFlow" in proc.stdout
+
+
+def test_the_build_is_asked_of_the_ranks_python(tmp_path):
+    """The doctor asks the Python each rank runs (LABKIT_RANK_PYTHON): its Horovod is the one launches use."""
+    ranks = tmp_path / "rank-python"
+    ranks.write_text("#!/bin/sh\necho '{\"version\": \"0.27.2\", \"frameworks\": [\"TensorFlow\"], "
+                     "\"controllers\": [\"Gloo\"], \"operations\": [\"Gloo\"], \"error\": \"\"}'\n")
+    ranks.chmod(0o755)
+    proc = run_doctor({"LABKIT_RANK_PYTHON": str(ranks)})
     assert proc.returncode == 1
-    assert "built without TensorFlow" in proc.stdout
+    assert _line(proc.stdout, "horovod") == "[FAIL] horovod 0.27.2 (TensorFlow: yes; controllers: Gloo; ops: Gloo)"
+    assert "pinned to horovod 0.28.1" in proc.stdout
+    proc = run_doctor({"LABKIT_RANK_PYTHON": str(tmp_path / "no-such-python")})
+    assert proc.returncode == 1
+    assert _line(proc.stdout, "horovod").startswith("[FAIL] horovod LABKIT_RANK_PYTHON: expected a command")
 
 
-def test_doctor_reports_a_bad_profile(tmp_path):
-    exe = fake_horovodrun(tmp_path, CHECK_BUILD)
-    proc = run_doctor({"LABKIT_HOROVODRUN": str(exe), "LABKIT_PROFILE": "fastest"})
+def test_a_horovod_that_is_not_importable_is_not_installed(tmp_path):
+    env = fake_horovod(tmp_path, "")
+    (tmp_path / "fake" / "horovod" / "__init__.py").write_text('raise ImportError("libgloo.so: cannot open")\n')
+    proc = run_doctor(env)
+    assert proc.returncode == 1
+    assert _line(proc.stdout, "horovod") == "[FAIL] horovod not installed (ImportError: libgloo.so: cannot open)"
+
+
+def test_doctor_reports_a_bad_profile():
+    proc = run_doctor({"LABKIT_PROFILE": "fastest"})
     assert proc.returncode == 1
     assert "fix profile:" in proc.stdout and "LABKIT_PROFILE" in proc.stdout
 

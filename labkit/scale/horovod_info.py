@@ -6,6 +6,7 @@ build, and the local measurements (labkit.scale.localscale) read the controllers
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -28,53 +29,68 @@ BUILD_LOG = "horovod-build.log"  # scripts/setup.sh keeps the build's output the
 
 
 def failed_build() -> tuple[Path, str] | None:
-    """(log, reason) of the Horovod build scripts/setup.sh tried in this environment, when one is logged: the
-    reason is the build script's last line; None without a log. (00_welcome)"""
+    """(log, reason) of the Horovod build scripts/setup.sh tried in this environment, when it failed: the reason is
+    the build script's last line; None without a log, or where that build installed Horovod. (00_welcome)"""
     log = Path(sys.prefix) / BUILD_LOG
     try:
         said = [ln[len("build-horovod: "):] for ln in log.read_text(errors="replace").splitlines()
                 if ln.startswith("build-horovod: ")]
     except OSError:
         return None
+    if said and re.fullmatch(r"horovod \S+ installed \(.*\)", said[-1]):  # build-horovod.sh's last line when it worked
+        return None
     return log, (said[-1] if said else "see the log")
 
 
-def parse_check_build(text: str) -> dict:
-    """Parse `horovodrun --check-build` into {'version', 'frameworks', 'controllers', 'operations'}."""
-    out = {"version": None, "frameworks": [], "controllers": [], "operations": []}
-    m = re.search(r"Horovod v(\S+?):?\s*$", text, re.M)
-    if m:
-        out["version"] = m.group(1)
-    section = None
-    keys = {"Available Frameworks": "frameworks", "Available Controllers": "controllers",
-            "Available Tensor Operations": "operations"}
-    for line in text.splitlines():
-        stripped = line.strip().rstrip(":")
-        if stripped in keys:
-            section = keys[stripped]
-            continue
-        m = re.match(r"\[(X| )\]\s+(\S+)", line.strip())
-        if m and section and m.group(1) == "X":
-            out[section].append(m.group(2))
+# `horovodrun --check-build`'s rows, in its order: (row, the extension's function that answers it)
+CONTROLLERS = (("MPI", "mpi_built"), ("Gloo", "gloo_built"))
+OPERATIONS = (("NCCL", "nccl_built"), ("DDL", "ddl_built"), ("CCL", "ccl_built"), ("MPI", "mpi_built"),
+              ("Gloo", "gloo_built"))
+
+
+def ask_extension() -> dict:
+    """What this process's Horovod was built with, asked as `horovodrun --check-build` asks: import the TensorFlow
+    extension (horovod.tensorflow) and call its mpi_built(), gloo_built(), ... The same questions, in one process:
+    --check-build starts one process per question and each imports TensorFlow (20 s where this takes 3 s).
+    {'version', 'frameworks', 'controllers', 'operations', 'error'}; version None where Horovod is not importable."""
+    out = {"version": None, "frameworks": [], "controllers": [], "operations": [], "error": ""}
+    try:
+        import horovod
+        out["version"] = horovod.__version__
+        import horovod.tensorflow as ext
+    except Exception as err:  # noqa: BLE001  (a broken build raises anything on import: it is the answer)
+        out["error"] = f"{type(err).__name__}: {err}".splitlines()[0]
+        return out
+    out["frameworks"] = ["TensorFlow"]
+    out["controllers"] = [row for row, fn in CONTROLLERS if getattr(ext, fn)()]
+    out["operations"] = [row for row, fn in OPERATIONS if getattr(ext, fn)()]
     return out
 
 
-def run_check_build() -> tuple[dict | None, int | None, str]:
-    """`horovodrun --check-build` (the launcher's horovodrun), parsed: (build, returncode, ''), or
-    (None, None, why) where horovodrun is missing or cannot run."""
-    exe = horovodrun_path()
-    if exe is None:
-        return None, None, "not installed"
+def probe_build(python: list[str] | None = None, timeout: float = 120) -> tuple[dict | None, str]:
+    """ask_extension() in a new process of `python` (a command, default this interpreter; the doctor passes the
+    ranks' Python, labkit.scale.launch.rank_python), so that a build which crashes on import cannot take the
+    caller with it: (build, '') or (None, why) where that process could not answer."""
+    cmd = [*(python or [sys.executable]), "-m", "labkit.scale.horovod_info"]
     try:
-        proc = subprocess.run([exe, "--check-build"], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as err:
-        return None, None, f"horovodrun --check-build failed ({err})"
-    return parse_check_build(proc.stdout), proc.returncode, ""
+        return None, f"asking Horovod what it was built with failed ({err})"
+    lines = proc.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1]), ""
+    except (IndexError, ValueError):
+        said = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}, no answer"])[-1]
+        return None, f"asking Horovod what it was built with failed ({said})"
 
 
 @functools.cache
 def horovod_build() -> dict | None:
-    """What this environment's Horovod was built with (parse_check_build's dict), asked once per process;
-    None where horovodrun is missing or fails."""
-    build, returncode, _ = run_check_build()
-    return build if returncode == 0 and build["version"] else None
+    """What this environment's Horovod was built with (probe_build's dict), asked once per process; None where
+    Horovod is missing or its TensorFlow extension does not load."""
+    build, _ = probe_build()
+    return build if build and build["version"] and build["frameworks"] else None
+
+
+if __name__ == "__main__":  # probe_build's process: one line of JSON
+    print(json.dumps(ask_extension()))

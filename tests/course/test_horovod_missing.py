@@ -17,6 +17,10 @@ def test_doctor_names_the_failed_build_and_its_log(tmp_path, monkeypatch):
     assert not check.ok
     assert check.value == "not installed: the last build stopped with: no C++ compiler. Fix: apt-get install g++"
     assert check.fix.endswith(f"once the cause is fixed; the build's log: {log}") and "make setup" in check.fix
+    # a build that worked (build-horovod.sh's last line) is no reason for a Horovod that is gone now
+    log.write_text("build-horovod: compiled in 180 s\n"
+                   "build-horovod: horovod 0.28.1 installed (gloo, tensorflow 2.15.1)\n")
+    assert doctor._horovod_check(doctor.Report()).value == "not installed"
 
 
 def test_the_horovod_exercise_says_what_is_missing_instead_of_a_launch_failure(monkeypatch):
