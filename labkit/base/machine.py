@@ -277,7 +277,7 @@ _THREADPOOL_LIMITS = None  # keeps threadpoolctl's limit alive for the process's
 def limit_threads(threads: int, tensorflow: bool = True) -> None:
     """Pin this process to `threads` compute threads: OpenMP/BLAS pools and, if asked, TensorFlow's.
 
-    Call before TensorFlow runs its first op (a spawned worker's start-up); afterwards TF's pools are fixed.
+    Call before TensorFlow runs its first op (a sweep worker's start-up); afterwards TF's pools are fixed.
     (05_network_sweep)"""
     global _THREADPOOL_LIMITS
     threads = check_int(threads, "threads", minimum=1)

@@ -3,7 +3,7 @@
     runner      train many configs in parallel worker processes, save each result as it lands, resume (API)
     store       the results file: JSON lines, one record per config, merged under a lock, settings checked
     networks    the MATLAB white paper's 16 networks: configs, parameter counts, the trainer, `labkit sweep`
-    workerpool  spawned workers with a thread budget each, dying with the process that started them
+    workerpool  worker processes with a thread budget each, dying with the process that started them
     plans       what 05 launches on this machine: the parallel sweep's worker counts (`labkit plan`)
 
 Uses labkit.flops (03) for the networks' MACs.

@@ -1,8 +1,9 @@
 """Train many configs in parallel worker processes, save each result as it lands, resume; Pareto front.
 
 The generic runner: it knows configs (dicts of JSON values) and a train function, nothing about networks.
-Workers are processes (spawned, so TensorFlow starts clean in each), each pinned to its own thread budget
-so K workers do not fight over the same cores, and each dies with the process that started it.
+Workers are processes (each starts TensorFlow's runtime itself: forked before any op ran, or spawned; see
+labkit.sweep.workerpool), each pinned to its own thread budget so K workers do not fight over the same cores, and
+each dies with the process that started it.
 
     from labkit import sweep
     run = sweep.run_sweep(configs, train_fn, "runs/sweep.jsonl", num_workers=2)
@@ -175,8 +176,9 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
     train_fn must be picklable (a module-level function or an object such as netsweep.NetworkTrainer);
     optional methods: prepare() (each worker calls it before timing starts), name(config), settings().
     Workers die with this process (even on SIGKILL); SIGTERM acts like Ctrl-C: the results so far stay in
-    out, the workers end, KeyboardInterrupt is raised. Workers are spawned, so a script that calls
-    run_sweep needs the `if __name__ == "__main__":` guard (notebooks and `labkit sweep` do not). (05_network_sweep)
+    out, the workers end, KeyboardInterrupt is raised. Workers load the calling script as spawned processes
+    do, so a script that calls run_sweep needs the `if __name__ == "__main__":` guard (notebooks and
+    `labkit sweep` do not). (05_network_sweep)
     """
     configs, keys, threads = _checked(configs, num_workers, threads_per_worker, max_new)
     out = Path(out)

@@ -191,14 +191,16 @@ def test_cli_sigkill_leaves_no_tensorflow_worker(tmp_path):
     try:
         deadline = time.monotonic() + 240
         workers = []
-        def loaded_worker(c):  # a spawned worker with TensorFlow in memory; a child that just ended is none
-            try:
-                return "spawn_main" in " ".join(c.cmdline()) and c.memory_info().rss > 300e6
-            except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        def loaded_worker(c):  # a worker with TensorFlow in memory (spawned and loaded, or forked by the
+            try:               # fork server, which had loaded it); a child that just ended is none
+                started = ("spawn_main" in " ".join(c.cmdline())
+                           or "multiprocessing.forkserver" in " ".join(c.parent().cmdline()))
+                return started and c.memory_info().rss > 150e6
+            except (psutil.ZombieProcess, psutil.NoSuchProcess, AttributeError):
                 return False
 
         while time.monotonic() < deadline and len(workers) < 2:  # both workers have TensorFlow loaded
-            workers = [c for c in psutil.Process(proc.pid).children() if loaded_worker(c)]
+            workers = [c for c in psutil.Process(proc.pid).children(recursive=True) if loaded_worker(c)]
             time.sleep(0.5)
         assert len(workers) == 2
         children = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]

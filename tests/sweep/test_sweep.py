@@ -485,3 +485,42 @@ def test_killed_workers_leave_no_temporary_file(tmp_path, monkeypatch):
     assert Path(left).exists() and Path(left).parent == Path(pool.labkit_tmp)
     workerpool.kill_pool(pool)
     assert not Path(pool.labkit_tmp).exists() and list(tmp_path.iterdir()) == []
+
+
+def report_env(name: str) -> tuple:
+    """A worker's view: one environment variable, its folder, and its parent's process id."""
+    return os.environ.get(name), os.getcwd(), os.getppid()
+
+
+def test_a_worker_sees_the_environment_and_folder_its_pool_was_made_in(tmp_path, monkeypatch):
+    """The fork server keeps the environment of its own start; each pool's workers get the one of the pool's."""
+    from labkit.sweep import workerpool
+    for value in ("first", "second"):
+        (tmp_path / value).mkdir()
+        monkeypatch.chdir(tmp_path / value)
+        monkeypatch.setenv("LABKIT_TEST_POOL_ENV", value)
+        pool = workerpool.new_pool(1, threads=1, tensorflow=False)
+        try:
+            seen, folder, _ = pool.submit(report_env, "LABKIT_TEST_POOL_ENV").result(timeout=120)
+        finally:
+            workerpool.kill_pool(pool)
+        assert (seen, folder) == (value, str(tmp_path / value))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked by a server on Linux only")
+def test_every_pool_is_forked_from_one_server_that_holds_tensorflow():
+    import psutil
+
+    from labkit.sweep import workerpool
+    assert workerpool.start_method() == "forkserver"
+    parents = set()
+    for _ in range(2):
+        pool = workerpool.new_pool(2, threads=1, tensorflow=False)
+        try:
+            parents |= {pool.submit(report_env, "HOME").result(timeout=120)[2] for _ in range(4)}
+        finally:
+            workerpool.kill_pool(pool)
+    assert len(parents) == 1 and parents != {os.getpid()}
+    server = psutil.Process(parents.pop())
+    assert server.ppid() == os.getpid() and "multiprocessing.forkserver" in " ".join(server.cmdline())
+    assert any("libtensorflow" in m.path for m in server.memory_maps()), "TensorFlow is imported before the fork"
