@@ -62,6 +62,22 @@ class DatasetInfo(dict):
 # The offline synthetic set
 
 
+# SYNTHETIC_CLASSES' shapes in the unit frame of an image (u, v; rad and box its round and square distance from
+# the centre; period the stripes' frequency): True inside
+_SHAPES = (
+    lambda u, v, rad, box, period: rad < 1,                                                    # disc
+    lambda u, v, rad, box, period: (rad > 0.55) & (rad < 1),                                   # ring
+    lambda u, v, rad, box, period: box < 0.8,                                                  # square
+    lambda u, v, rad, box, period: (box > 0.5) & (box < 0.85),                                 # frame
+    lambda u, v, rad, box, period: (v < 0.7) & (np.abs(u) < (v + 0.9) * 0.55),                 # triangle (apex up)
+    lambda u, v, rad, box, period: ((np.abs(u) < 0.3) | (np.abs(v) < 0.3)) & (box < 1),        # plus
+    lambda u, v, rad, box, period: (np.abs(np.abs(u) - np.abs(v)) < 0.3) & (box < 0.9),        # cross (x)
+    lambda u, v, rad, box, period: (box < 1) & (np.cos(period * np.pi * v) > 0),               # horizontal stripes
+    lambda u, v, rad, box, period: (box < 1) & (np.cos(period * np.pi * u) > 0),               # vertical stripes
+    lambda u, v, rad, box, period: (box < 1) & (np.cos(period * np.pi * u) * np.cos(period * np.pi * v) > 0),
+)                                                                                              # checker
+
+
 def _synthetic_chunk(rng: np.random.Generator, n: int):
     """n images of random classes: a shape or texture in a random colour on a cluttered, noisy background."""
     size = 32
@@ -76,19 +92,11 @@ def _synthetic_chunk(rng: np.random.Generator, n: int):
     v = -np.sin(theta) * du + np.cos(theta) * dv
     rad, box = np.sqrt(u * u + v * v), np.maximum(np.abs(u), np.abs(v))
     period = rng.uniform(2.2, 3.4, (n, 1, 1)).astype(np.float32)
-    shapes = [
-        rad < 1,                                                           # disc
-        (rad > 0.55) & (rad < 1),                                          # ring
-        box < 0.8,                                                         # square
-        (box > 0.5) & (box < 0.85),                                        # frame
-        (v < 0.7) & (np.abs(u) < (v + 0.9) * 0.55),                        # triangle (apex up)
-        ((np.abs(u) < 0.3) | (np.abs(v) < 0.3)) & (box < 1),               # plus
-        (np.abs(np.abs(u) - np.abs(v)) < 0.3) & (box < 0.9),               # cross (x)
-        (box < 1) & (np.cos(period * np.pi * v) > 0),                      # horizontal stripes
-        (box < 1) & (np.cos(period * np.pi * u) > 0),                      # vertical stripes
-        (box < 1) & (np.cos(period * np.pi * u) * np.cos(period * np.pi * v) > 0),  # checker
-    ]
-    mask = np.choose(labels[:, None, None], shapes).astype(np.float32)
+    mask = np.zeros((n, size, size), np.float32)
+    for k, shape in enumerate(_SHAPES):  # each image's own shape only: the same values as all ten then a choice
+        pick = labels == k
+        if pick.any():
+            mask[pick] = shape(u[pick], v[pick], rad[pick], box[pick], period[pick])
     # background: a colour plus a random linear gradient; foreground: another colour, not too close
     bg = rng.uniform(0.1, 0.9, (n, 1, 1, 3)).astype(np.float32)
     fg = rng.uniform(0.0, 1.0, (n, 1, 1, 3)).astype(np.float32)

@@ -414,3 +414,25 @@ def test_a_launch_that_died_is_one_line_without_horovod_s_log():
                                                      stderr_tail=tail[3:], timed_out=True))
     assert "every rank must take part" in hung and "Allreduce" not in hung and "retracing" not in hung, hung
     assert "\n" not in hung and len(hung) < 400
+
+
+def test_the_scripts_of_one_launch_share_the_offline_set_as_copies(monkeypatch):
+    """hvd_harness makes the offline images once per launch; each script gets its own copy, equal to a fresh one."""
+    import numpy as np
+
+    from labkit.data import loading
+    from labkit.exercises import hvd_harness
+
+    made = []
+    original = loading.synthetic
+    monkeypatch.setattr(loading, "synthetic", lambda *a, **k: made.append(a or k) or original(*a, **k))
+    hvd_harness._share_the_offline_set()
+    first, second = (loading.load_dataset("synthetic", n_train=300, n_test=100)[:2] for _ in range(2))
+    assert len(made) == 1
+    (x, y), (xt, yt) = first
+    x[:] = 0  # a script that changes its images in place changes only its own
+    fresh = original(300, 100, 0)
+    for got, want in zip((*second[0], *second[1]), (*fresh[0], *fresh[1])):
+        np.testing.assert_array_equal(got, want)
+    loading.load_dataset("synthetic", n_train=200, n_test=100)
+    assert len(made) == 2  # another size: made again
