@@ -76,6 +76,19 @@ REAL_RANKS = ("tests/scale/test_launch.py", "tests/scale/test_resume.py", "tests
               "tests/exercises/test_check_resume.py::test_the_learner_s_entry_point_end_to_end")
 
 
+@pytest.fixture(autouse=True)
+def _hash_seed_as_it_was():
+    """PYTHONHASHSEED after each test as before it: labkit.base.config.set_seed(n) sets it for the processes this
+    one starts, so a test that calls it in-process (set_seed(8)) left it to every later test of its process, whose
+    kernels and ranks then started as Python starts them, not from the fork server (22 kernels in one run)."""
+    before = os.environ.get("PYTHONHASHSEED")
+    yield
+    if before is None:
+        os.environ.pop("PYTHONHASHSEED", None)
+    else:
+        os.environ["PYTHONHASHSEED"] = before
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return ROOT
