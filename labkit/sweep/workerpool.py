@@ -105,6 +105,7 @@ def _worker_init(threads: int, tensorflow: bool, parent_pid: int, tmp: str | Non
     if env is not None:  # the fork server has the environment of its own start: the pool's replaces it
         os.environ.clear()
         os.environ.update(env)
+        tempfile.tempdir = None  # read from TMPDIR again: the server's was cached at its own start
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the sweep's process, which ends the workers
     if tmp:  # a worker ended by kill_pool skips its own clean-up: its temporary files go with the pool's folder
         os.environ["TMPDIR"] = tempfile.tempdir = tmp
