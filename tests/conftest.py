@@ -257,7 +257,7 @@ def pytest_unconfigure(config):
     if _SUITE_TMP and not hasattr(config, "workerinput"):
         if getattr(config, "_labkit_status", 1) in (0, 5):  # passed, or nothing to run
             if (mp_util := sys.modules.get("multiprocessing.util")) is not None:
-                mp_util._exit_function()  # what it runs at exit, now: its folder (a sweep's fork server) is in ours
+                mp_util._run_finalizers()  # its exit clean-up, now: its folder (a sweep's fork server) is in ours
             shutil.rmtree(_SUITE_TMP, ignore_errors=True)
         else:
             print(f"\nthe run's temporary files are kept in {_SUITE_TMP}")

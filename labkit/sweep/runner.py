@@ -45,7 +45,7 @@ from labkit.sweep.store import (
     settings_mismatch,
     write_results,
 )
-from labkit.sweep.workerpool import kill_pool, new_pool, raise_interrupt
+from labkit.sweep.workerpool import kill_pool, new_pool, one_server, raise_interrupt
 
 _RUNNER_KEYS = ("key", "name", "config", "settings", "status", "error", "accuracy", "memory_bytes",
                 "train_time_s", "wall_time_s", "cpu_time_s", "worker_pid", "threads", "finished_at")
@@ -220,7 +220,8 @@ def run_sweep(configs, train_fn, out, *, num_workers: int = 1, threads_per_worke
             bar.update(1)
 
     try:
-        _train(todo, train_fn, run, land, threads, tensorflow, warmup, settings)
+        with one_server():  # the workers' fork server ends with the last sweep that uses it
+            _train(todo, train_fn, run, land, threads, tensorflow, warmup, settings)
     finally:
         if bar is not None:
             bar.close()
@@ -379,7 +380,7 @@ def measure_speedup(configs, train_fn, workers=(1, 2), out_dir=None, threads_per
     workers = check_ints(workers, "workers", minimum=1)
     repeats = check_int(repeats, "repeats", minimum=1)
     runs = {k: [] for k in workers}
-    with tempfile.TemporaryDirectory(prefix="labkit-speedup-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="labkit-speedup-") as tmp, one_server():  # one for all the counts
         base = Path(out_dir) if out_dir is not None else Path(tmp)
         for rep in range(repeats):
             for k in workers:

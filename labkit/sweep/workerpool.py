@@ -5,7 +5,10 @@ process that imports TensorFlow and the sweep's code once, before any TensorFlow
 pool is forked from it (0.05 s instead of 2-3 s and 3 CPU-seconds of TensorFlow's import each, and the workers
 share the imported code's memory: 2 workers and the server took 431 MiB PSS here against 2 spawned workers' 604).
 Elsewhere (macOS: forking a process that has loaded TensorFlow and Apple's frameworks is not safe) spawned, each
-importing TensorFlow itself. Either way a worker gets the environment its pool was made in (_worker_init).
+importing TensorFlow itself. Either way a worker gets the environment its pool was made in (_worker_init); what a
+forked worker cannot take over (the hash seed, TensorFlow's import-time settings, the CPUs) makes a pool whose
+settings differ from the server's start spawned instead. The server is stopped a minute after the last sweep that
+used it (one_server), so no process holding TensorFlow outlives the sweeps by more.
 
 A notebook kernel or a `labkit sweep` killed with SIGKILL cannot clean up after itself, so each worker watches
 its parent: on Linux the kernel kills it (prctl PR_SET_PDEATHSIG), everywhere (macOS) a daemon thread polling
@@ -58,20 +61,92 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
         time.sleep(interval_s)
 
 
-# what the fork server imports before it forks the first worker (labkit first: TensorFlow's log level)
+# what the fork server imports before it forks the first worker (labkit first: TensorFlow's log level); a server
+# started for workers without TensorFlow (tensorflow=False) imports only labkit's sweep
 PRELOAD = ["labkit", "tensorflow", "labkit.sweep.runner", "labkit.sweep.networks"]
+PRELOAD_WITHOUT_TF = ["labkit", "labkit.sweep.runner"]
 
 
 def start_method() -> str:
-    """'forkserver' on Linux, 'spawn' elsewhere (the module's docstring says why). (05_network_sweep)"""
-    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+    """'forkserver' on Linux with /proc (a forked worker watches its pool's process there), 'spawn' elsewhere (the
+    module's docstring says why). (05_network_sweep)"""
+    return "forkserver" if sys.platform.startswith("linux") and start_time(os.getpid()) else "spawn"
 
 
-def _context():
+# What a forked worker cannot take from its pool, being fixed when its server started: the hash seed, the settings
+# TensorFlow reads at import, the CPUs. A pool made when these differ from the server's start is spawned instead.
+_FIXED_AT_START = ("PYTHONHASHSEED", "TF_", "KERAS_", "ONEDNN_", "CUDA_")
+_server = {"started_with": None, "users": 0, "timer": None}  # the fork server this process started, the sweeps
+# using it, and the timer that stops it when idle
+_server_lock = threading.RLock()  # held while a server stops: no sweep starts one meanwhile
+
+
+def _fixed_at_start() -> tuple:
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_FIXED_AT_START))
+    return tuple(env), tuple(sorted(os.sched_getaffinity(0)))
+
+
+def _context(tensorflow: bool = True):
+    from multiprocessing import forkserver
     method = start_method()
-    if method == "forkserver":  # read when the server starts: the first pool of this process
-        mp.set_forkserver_preload(PRELOAD)
+    if method == "forkserver":
+        running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+        with _server_lock:
+            if not running or _server["started_with"] is None:  # this pool starts it: its settings are the server's
+                _server["started_with"] = _fixed_at_start()
+                mp.set_forkserver_preload(PRELOAD if tensorflow else PRELOAD_WITHOUT_TF)
+            elif _server["started_with"] != _fixed_at_start():
+                method = "spawn"
     return mp.get_context(method)
+
+
+SERVER_IDLE_S = 60  # a fork server no sweep has used for this long is stopped (one_server)
+
+
+@contextlib.contextmanager
+def one_server():
+    """A sweep's block (run_sweep, measure_speedup): its pools share one fork server, which is stopped once no such
+    block has used it for SERVER_IDLE_S seconds and no worker is left, so that no process holding TensorFlow
+    outlives the sweeps by more (an idle server would keep its memory, some 150-280 MiB, for the rest of a notebook
+    kernel's life); sweeps run back to back, as a notebook's cells run, share it. (05_network_sweep)"""
+    with _server_lock:
+        _server["users"] += 1
+        if _server.get("timer") is not None:
+            _server["timer"].cancel()
+            _server["timer"] = None
+    try:
+        yield
+    finally:
+        with _server_lock:
+            _server["users"] -= 1
+            if _server["users"] == 0:
+                _server["timer"] = threading.Timer(SERVER_IDLE_S, _stop_if_idle)
+                _server["timer"].daemon = True
+                _server["timer"].start()
+
+
+def _stop_if_idle() -> None:
+    with _server_lock:
+        _server["timer"] = None
+        if _server["users"] == 0:
+            _stop_server()
+
+
+def _stop_server(timeout_s: float = 10.0) -> None:
+    """multiprocessing's fork server stopped (its own _stop: the end of the pipe that keeps it alive closed, then
+    waited for) when no worker of any pool still runs: a worker holds that pipe too, and the server would wait for
+    it. Waits at most timeout_s; a server that is not this process's, or a Python without _stop, is left running."""
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is None or not hasattr(server, "_stop"):
+        return
+    if any(proc.is_alive() for proc in mp.active_children()):
+        return
+    stopper = threading.Thread(target=server._stop, daemon=True, name="labkit-forkserver-stop")
+    stopper.start()
+    stopper.join(timeout_s)
+    with _server_lock:
+        _server["started_with"] = None
 
 
 def start_time(pid: int) -> str | None:
@@ -137,7 +212,7 @@ def new_pool(num_workers: int, threads: int, tensorflow: bool = True) -> cf.Proc
     with contextlib.suppress(OSError):  # no writable temporary folder: the workers keep the default
         _sweep_orphans(Path(tempfile.gettempdir()))
         tmp = tempfile.mkdtemp(prefix=f"labkit-pool-{os.getpid()}-")
-    pool = cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=_context(), initializer=_worker_init,
+    pool = cf.ProcessPoolExecutor(max_workers=num_workers, mp_context=_context(tensorflow), initializer=_worker_init,
                                   initargs=(threads, tensorflow, os.getpid(), tmp, dict(os.environ),
                                             start_time(os.getpid())))
     if tmp:  # removed once the pool is shut down and dropped, or at exit

@@ -477,7 +477,10 @@ def leave_a_temp_file() -> str:
 
 
 def test_killed_workers_leave_no_temporary_file(tmp_path, monkeypatch):
+    import multiprocessing.util
+
     from labkit.sweep import workerpool
+    multiprocessing.util.get_temp_dir()  # this process's own (the fork server's socket), made before TMPDIR is ours
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
     pool = workerpool.new_pool(1, threads=1, tensorflow=False)
@@ -513,9 +516,10 @@ def test_every_pool_is_forked_from_one_server_that_holds_tensorflow():
 
     from labkit.sweep import workerpool
     assert workerpool.start_method() == "forkserver"
+    workerpool._stop_server()  # one an earlier test started with other settings would spawn these pools
     parents = set()
     for _ in range(2):
-        pool = workerpool.new_pool(2, threads=1, tensorflow=False)
+        pool = workerpool.new_pool(2, threads=1)  # workers that train with TensorFlow
         try:
             parents |= {pool.submit(report_env, "HOME").result(timeout=120)[2] for _ in range(4)}
         finally:
@@ -524,3 +528,38 @@ def test_every_pool_is_forked_from_one_server_that_holds_tensorflow():
     server = psutil.Process(parents.pop())
     assert server.ppid() == os.getpid() and "multiprocessing.forkserver" in " ".join(server.cmdline())
     assert any("libtensorflow" in m.path for m in server.memory_maps()), "TensorFlow is imported before the fork"
+
+
+def _servers() -> list:
+    import psutil
+    return [c for c in psutil.Process().children() if "multiprocessing.forkserver" in " ".join(c.cmdline())]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked by a server on Linux only")
+def test_the_server_ends_after_the_sweeps_and_a_pool_it_cannot_serve_is_spawned(tmp_path, monkeypatch):
+    """A pool made with another hash seed than the server started with (set_seed(n) sets it) is spawned: a forked
+    worker would keep the server's. And no server is left SERVER_IDLE_S after the sweeps that used it."""
+    from labkit.sweep import workerpool
+    workerpool._stop_server()  # a server an earlier test started outside a sweep
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    with workerpool.one_server():
+        parents = []
+        for seed in ("0", "5"):
+            monkeypatch.setenv("PYTHONHASHSEED", seed)
+            pool = workerpool.new_pool(1, threads=1, tensorflow=False)
+            try:
+                parents.append(pool.submit(report_env, "PYTHONHASHSEED").result(timeout=120)[::2])
+            finally:
+                workerpool.kill_pool(pool)
+        assert len(_servers()) == 1
+    (seen0, forked_by), (seen5, spawned_by) = parents
+    assert (seen0, seen5) == ("0", "5") and forked_by != os.getpid() and spawned_by == os.getpid()
+    monkeypatch.setattr(workerpool, "SERVER_IDLE_S", 1.0)
+    for _ in range(2):  # a sweep right after another uses the same server; it goes once they have all ended
+        run = sweep.run_sweep(toy_configs(2), Toy(str(tmp_path)), tmp_path / "r.jsonl", num_workers=2,
+                              tensorflow=False, progress=False, resume=False)
+        assert run.ran == 2 and len(_servers()) == 1
+    deadline = time.monotonic() + 15
+    while _servers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _servers() == []
