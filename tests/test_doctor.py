@@ -130,3 +130,45 @@ def test_doctor_says_a_generic_blas_kernel_in_one_line(monkeypatch):
     assert not check.ok and not check.required  # information: the course still runs
     assert check.value == blas.generic_blas_line() and "OPENBLAS_CORETYPE=Prescott" in str(report)
     assert report.info["generic_blas"] == check.value
+
+
+def _fake_python(tmp_path, body: str) -> list:
+    exe = tmp_path / "fake-python"
+    exe.write_text("#!/bin/sh\n" + body + "\n")
+    exe.chmod(0o755)
+    return [str(exe)]
+
+
+def test_the_probe_reads_its_answer_past_what_tensorflow_prints_and_refuses_an_incomplete_one(tmp_path):
+    from labkit.scale import horovod_info
+    noisy = _fake_python(tmp_path, "echo 'oneDNN custom operations are on.'\necho '{\"version\": \"0.28.1\", "
+                                   "\"frameworks\": [\"TensorFlow\"], \"controllers\": [\"Gloo\"], \"operations\": "
+                                   "[\"Gloo\"]}'\necho 'I tensorflow/core/platform: done' >&2")
+    build, why = horovod_info.probe_build(noisy)
+    assert why == "" and build == {"version": "0.28.1", "frameworks": ["TensorFlow"], "controllers": ["Gloo"],
+                                   "operations": ["Gloo"], "error": ""}
+    partial = _fake_python(tmp_path, "echo '{\"version\": \"0.28.1\"}'\necho 'W tensorflow: a warning' >&2\n"
+                                     "echo 'RuntimeError: the extension said no' >&2\necho 'W later noise' >&2")
+    assert horovod_info.probe_build(partial) == (
+        None, "asking Horovod what it was built with failed (RuntimeError: the extension said no)")
+    no_labkit = _fake_python(tmp_path, "echo \"ModuleNotFoundError: No module named 'labkit'\" >&2; exit 1")
+    build, why = horovod_info.probe_build(no_labkit)
+    assert build is None and why.startswith("the ranks' Python cannot import labkit")
+
+
+def test_the_probe_past_its_timeout_ends_with_everything_it_started(tmp_path):
+    import time
+
+    import psutil
+
+    from labkit.scale import horovod_info
+    marker = tmp_path / "child.pid"
+    slow = _fake_python(tmp_path, f"sleep 60 & echo $! > {marker}\nwait")
+    start = time.monotonic()
+    build, why = horovod_info.probe_build(slow, timeout=2)
+    assert build is None and "took more than 2 s" in why and time.monotonic() - start < 10
+    child = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the probe's child outlived it"
+        time.sleep(0.1)

@@ -1,10 +1,12 @@
 """Which Horovod this environment has: where its horovodrun is, and what it was built with.
 
-One home for both facts: the launcher (labkit.scale.launch) starts this horovodrun, the doctor reports its
-build, and the local measurements (labkit.scale.localscale) read the controllers it has. (00_welcome)
+One home for both facts: the launcher (labkit.scale.launch) starts this horovodrun; the doctor reports the build
+of the Horovod the ranks import, asked of its TensorFlow extension (probe_build), and the MPI lookup
+(labkit.scale.mpi) falls back on it where no ldd can say which MPI the extension links. (00_welcome)
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -62,26 +64,45 @@ def ask_extension() -> dict:
         out["error"] = f"{type(err).__name__}: {err}".splitlines()[0]
         return out
     out["frameworks"] = ["TensorFlow"]
-    out["controllers"] = [row for row, fn in CONTROLLERS if getattr(ext, fn)()]
-    out["operations"] = [row for row, fn in OPERATIONS if getattr(ext, fn)()]
+    for key, rows in (("controllers", CONTROLLERS), ("operations", OPERATIONS)):
+        for row, fn in rows:  # an older Horovod may lack a question: not built, as --check-build would say
+            try:
+                if getattr(ext, fn)():
+                    out[key].append(row)
+            except Exception:  # noqa: BLE001, S112  (the same answer as --check-build's, which catches it too)
+                continue
     return out
 
 
 def probe_build(python: list[str] | None = None, timeout: float = 120) -> tuple[dict | None, str]:
     """ask_extension() in a new process of `python` (a command, default this interpreter; the doctor passes the
     ranks' Python, labkit.scale.launch.rank_python), so that a build which crashes on import cannot take the
-    caller with it: (build, '') or (None, why) where that process could not answer."""
+    caller with it: (build, '') or (None, why) where that process could not answer. It runs in a session of its
+    own, ended whole past the timeout (a container command's children with it)."""
+    import signal
     cmd = [*(python or [sys.executable]), "-m", "labkit.scale.horovod_info"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except OSError as err:
         return None, f"asking Horovod what it was built with failed ({err})"
-    lines = proc.stdout.strip().splitlines()
     try:
-        return json.loads(lines[-1]), ""
-    except (IndexError, ValueError):
-        said = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}, no answer"])[-1]
-        return None, f"asking Horovod what it was built with failed ({said})"
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, f"asking Horovod what it was built with took more than {timeout:g} s"
+    for line in reversed(out.splitlines()):  # the answer is the last JSON line; TensorFlow may print before it
+        with contextlib.suppress(ValueError):
+            build = json.loads(line)
+            if isinstance(build, dict) and set(build) >= {"version", "frameworks", "controllers", "operations"}:
+                return {"error": "", **build}, ""
+    said = [ln for ln in err.strip().splitlines() if re.match(r"\w*(Error|Exception)\b", ln)]
+    said = said or err.strip().splitlines() or [f"exit status {proc.returncode}, no answer"]
+    if "No module named 'labkit'" in said[-1]:
+        return None, f"the ranks' Python cannot import labkit ({' '.join(cmd[:-2])})"
+    return None, f"asking Horovod what it was built with failed ({said[-1]})"
 
 
 @functools.cache

@@ -51,7 +51,7 @@ def horovod_libmpi() -> str | None:
 def horovod_has_mpi() -> bool:
     """True where Horovod was built with its MPI controller (its extension links a libmpi)."""
     lib = horovod_libmpi()
-    if lib is None and horovod_extension() is not None:  # no ldd/otool here: ask Horovod itself (~20 s)
+    if lib is None and horovod_extension() is not None:  # no ldd/otool here: ask Horovod itself (~3 s)
         from labkit.scale.horovod_info import horovod_build
         return "MPI" in ((horovod_build() or {}).get("controllers") or [])
     return bool(lib)

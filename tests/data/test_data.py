@@ -293,8 +293,9 @@ def test_synthetic_is_deterministic_balanced_and_prefix_stable():
 @pytest.mark.parametrize("n_train,n_test,seed,digest", [(2500, 1200, 0, "08d62826fdad92c0"),
                                                         (1000, 0, 7, "7f555b365931689f")])
 def test_synthetic_is_the_set_it_has_always_been(n_train, n_test, seed, digest):
-    """The offline set's bytes, recorded from the generator before each image's mask was computed for its own shape
-    only (6052749): the committed notebooks' numbers come from these images, so a faster generator keeps them."""
+    """The offline set's bytes, recorded from the generator as it was at 6052749, before d252fbe computed each image's
+    mask for its own shape only: the committed notebooks' numbers come from these images, so a faster generator
+    keeps them."""
     (x, y), (xt, yt) = data.synthetic(n_train, n_test, seed=seed)
     h = hashlib.sha256()
     for a in (x, y, xt, yt):
