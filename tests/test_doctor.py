@@ -172,3 +172,23 @@ def test_the_probe_past_its_timeout_ends_with_everything_it_started(tmp_path):
     while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the probe's child outlived it"
         time.sleep(0.1)
+
+
+def test_doctor_passes_with_a_cifar10_copy_in_the_official_layout(tmp_path, monkeypatch):
+    """The copy found and verified (what 00 showed in the full profile's run with the real-size layout, which no
+    longer runs 00): the check passes and names the folder."""
+    from pathlib import Path
+
+    from labkit.data import cifar10
+    from labkit.data import loading as data
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "data"))
+    import cifar_real_size  # the official CIFAR-10 layout, one writer
+
+    where = _doctor_with_data(tmp_path, monkeypatch)
+    (x, y), (xt, yt) = data.synthetic(500, 100, seed=0)
+    monkeypatch.setattr(cifar10, "CIFAR10_FILES", cifar_real_size.write_layout(where, x, y, xt, yt))
+    monkeypatch.setenv("LABKIT_PROFILE", "full")
+    report = doctor.doctor(check_horovod=False)
+    check = _cifar_check(report)
+    assert check.ok and check.value.endswith("(checksums verified)") and str(where) in check.value, check.value
+    assert report.ok, str(report)
