@@ -18,6 +18,14 @@ def fake_horovod(tmp_path, tensorflow_import: str) -> dict:
     return {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "fake"), os.environ.get("PYTHONPATH")]))}
 
 
+def _fake_python(tmp_path, body: str) -> list:
+    """A command standing in for the ranks' Python (LABKIT_RANK_PYTHON): a shell script running body."""
+    exe = tmp_path / "fake-python"
+    exe.write_text("#!/bin/sh\n" + body + "\n")
+    exe.chmod(0o755)
+    return [str(exe)]
+
+
 def run_doctor(env_extra):
     env = dict(os.environ, **env_extra)
     return subprocess.run([sys.executable, "-m", "labkit", "doctor"], capture_output=True, text=True,
@@ -60,11 +68,9 @@ def test_doctor_fails_when_horovod_lacks_tensorflow(tmp_path):
 
 def test_the_build_is_asked_of_the_ranks_python(tmp_path):
     """The doctor asks the Python each rank runs (LABKIT_RANK_PYTHON): its Horovod is the one launches use."""
-    ranks = tmp_path / "rank-python"
-    ranks.write_text("#!/bin/sh\necho '{\"version\": \"0.27.2\", \"frameworks\": [\"TensorFlow\"], "
-                     "\"controllers\": [\"Gloo\"], \"operations\": [\"Gloo\"], \"error\": \"\"}'\n")
-    ranks.chmod(0o755)
-    proc = run_doctor({"LABKIT_RANK_PYTHON": str(ranks)})
+    ranks = _fake_python(tmp_path, "echo '{\"version\": \"0.27.2\", \"frameworks\": [\"TensorFlow\"], "
+                                   "\"controllers\": [\"Gloo\"], \"operations\": [\"Gloo\"], \"error\": \"\"}'")
+    proc = run_doctor({"LABKIT_RANK_PYTHON": ranks[0]})
     assert proc.returncode == 1
     assert _line(proc.stdout, "horovod") == "[FAIL] horovod 0.27.2 (TensorFlow: yes; controllers: Gloo; ops: Gloo)"
     assert "pinned to horovod 0.28.1" in proc.stdout
@@ -130,13 +136,6 @@ def test_doctor_says_a_generic_blas_kernel_in_one_line(monkeypatch):
     assert not check.ok and not check.required  # information: the course still runs
     assert check.value == blas.generic_blas_line() and "OPENBLAS_CORETYPE=Prescott" in str(report)
     assert report.info["generic_blas"] == check.value
-
-
-def _fake_python(tmp_path, body: str) -> list:
-    exe = tmp_path / "fake-python"
-    exe.write_text("#!/bin/sh\n" + body + "\n")
-    exe.chmod(0o755)
-    return [str(exe)]
 
 
 def test_the_probe_reads_its_answer_past_what_tensorflow_prints_and_refuses_an_incomplete_one(tmp_path):

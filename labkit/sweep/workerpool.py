@@ -90,8 +90,8 @@ def _context(tensorflow: bool = True):
     from multiprocessing import forkserver
     method = start_method()
     if method == "forkserver":
-        running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
         with _server_lock:
+            running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
             if not running or _server["started_with"] is None:  # this pool starts it: its settings are the server's
                 _server["started_with"] = _fixed_at_start()
                 mp.set_forkserver_preload(PRELOAD if tensorflow else PRELOAD_WITHOUT_TF)
@@ -111,7 +111,7 @@ def one_server():
     kernel's life); sweeps run back to back, as a notebook's cells run, share it. (05_network_sweep)"""
     with _server_lock:
         _server["users"] += 1
-        if _server.get("timer") is not None:
+        if _server["timer"] is not None:
             _server["timer"].cancel()
             _server["timer"] = None
     try:
