@@ -77,6 +77,14 @@ if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
   cleanup() {  # every step may fail (the ticker gone already): set -e must not stop it half-way
     rm -rf "$tmp" || true; [ -z "$part" ] || rm -f "$part" || true; [ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true; }
   trap cleanup EXIT; trap 'exit 130' INT; trap 'exit 143' TERM  # Ctrl-C or a kill: the temp folder goes too
+  # Horovod's setup.py builds CMake's RelWithDebInfo (-O2 -g, raised to -O3 by its CMakeLists): the same -O3
+  # without -g compiles in about 3/4 of the time (2 min 34 s -> 1 min 57 s on 2 cores) into a 1.1 MB wheel instead
+  # of 17 MB. Set through a toolchain file (CMake >= 3.21 reads CMAKE_TOOLCHAIN_FILE from the environment; an
+  # older one ignores it and keeps -g); a toolchain file of the user's own is left as it is
+  if [ -z "${CMAKE_TOOLCHAIN_FILE:-}" ]; then
+    printf 'set(CMAKE_%s_FLAGS_RELWITHDEBINFO "-O2 -DNDEBUG" CACHE STRING "")\n' C CXX > "$tmp/no-debug-info.cmake"
+    export CMAKE_TOOLCHAIN_FILE="$tmp/no-debug-info.cmake"
+  fi
   # a heartbeat, so a long compile on a busy laptop doesn't look hung
   SECONDS=0
   ( while sleep 30 >/dev/null 2>&1; do echo "build-horovod: still compiling ($SECONDS s)"; done ) & ticker=$!

@@ -42,6 +42,7 @@ from labkit.scale.hosts import (  # noqa: F401  (where the ranks run: the launch
     choose_launcher,
     core_binding,
     launch_problem,
+    local_transports,
     parse_hosts,
     slurm_hosts,
     take_slots,
@@ -80,8 +81,8 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
     launcher: "gloo" (horovodrun --gloo), "mpi" (the mpirun of the MPI Horovod links, Open MPI 4 and 5 alike;
     export: the names of the variables it hands each rank, with -x, never their values), "srun" (Slurm
     starts the ranks; needs a Horovod built with MPI), "auto" or a LauncherChoice (choose_launcher's). threads:
-    compute threads per rank, for mpirun's placement (core_binding). python: the ranks' Python (default
-    rank_python(): $LABKIT_RANK_PYTHON, else this Python).
+    compute threads per rank, for mpirun's placement (core_binding; its transports: local_transports). python:
+    the ranks' Python (default rank_python(): $LABKIT_RANK_PYTHON, else this Python).
     """
     check_int(np_, "np", minimum=1)
     launcher = choose_launcher(launcher, hosts, env).launcher
@@ -97,7 +98,7 @@ def build_command(np_: int, script_args=(), *, launcher: str = "auto", hosts=Non
             raise FileNotFoundError("mpirun not found: Horovod's MPI controller needs the mpirun of the Open MPI "
                                     "it was built against; `make setup` installs Open MPI from PyPI and builds "
                                     "Horovod with it (see `labkit doctor`), or use launcher='gloo'")
-        placement = core_binding(np_, threads, hosts, env)
+        placement = [*core_binding(np_, threads, hosts, env), *local_transports(hosts, env)]
         hosts = take_slots(hosts if hosts is not None else slurm_hosts(env) or [f"localhost:{np_}"], np_)
         # Open MPI 5's spelling (double dashes), which Open MPI 4 accepts too: horovodrun --mpi writes Open
         # MPI 4's single-dash `-bind-to none -map-by slot`, which Open MPI 5's mpirun refuses
@@ -400,7 +401,8 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
             scratch.mkdir()
             env["TMPDIR"] = str(scratch)
         cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=choice, hosts=hosts,
-                            export=sorted(env) if choice.launcher == "mpi" else (), module=module, threads=threads)
+                            export=sorted(env) if choice.launcher == "mpi" else (), module=module, threads=threads,
+                            env={**os.environ, **(env_extra or {})})  # the caller's choices: transports, hosts
         label, start = label or f"np={np_}", time.perf_counter()
         proc = subprocess.Popen(_die_with_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=env, start_new_session=True, bufsize=1)

@@ -341,7 +341,7 @@ def fake_mpirun(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_FAKE_LOG", str(log))
     monkeypatch.setattr(mpi, "horovod_has_mpi", lambda: True)
     monkeypatch.setattr(mpi, "version", lambda exe: "Open MPI 5.0.11")
-    for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID"):
+    for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID", "OMPI_MCA_btl"):
         monkeypatch.delenv(name, raising=False)
     return exe, log
 
@@ -350,11 +350,32 @@ def test_mpi_command_is_open_mpi_5s_with_names_not_values(fake_mpirun):
     exe, _ = fake_mpirun
     cmd = launch.build_command(2, ["--steps", "3"], launcher="mpi", export=["PATH", "HOROVOD_CYCLE_TIME"])
     # Open MPI 5's mpirun refuses horovodrun --mpi's single-dash "-bind-to none -map-by slot"
-    assert cmd[:10] == [str(exe), "--bind-to", "none", "--map-by", "slot", "-np", "2", "-H", "localhost:2",
-                        "--tag-output"]
-    assert cmd[10:14] == ["-x", "PATH", "-x", "HOROVOD_CYCLE_TIME"]
-    assert cmd[14:] == [sys.executable, "-m", "labkit.scale.hvd_train", "--steps", "3"]
-    assert launch.build_command(3, launcher="mpi", hosts="node1:2,node2:2")[7:9] == ["-H", "node1:2,node2:1"]
+    assert cmd[:13] == [str(exe), "--bind-to", "none", "--map-by", "slot", "--mca", "btl", "^ofi", "-np", "2",
+                        "-H", "localhost:2", "--tag-output"]
+    assert cmd[13:17] == ["-x", "PATH", "-x", "HOROVOD_CYCLE_TIME"]
+    assert cmd[17:] == [sys.executable, "-m", "labkit.scale.hvd_train", "--steps", "3"]
+    assert launch.build_command(3, launcher="mpi", hosts="node1:2,node2:2")[5:9] == ["-np", "3", "-H",
+                                                                                    "node1:2,node2:1"]
+
+
+@pytest.mark.parametrize("hosts, env, expected", [
+    (None, {}, ["--mca", "btl", "^ofi"]),                      # every rank here: shared memory carries it all
+    ("localhost:2", {}, ["--mca", "btl", "^ofi"]),
+    ("node1:2,node2:2", {}, []),                                # other hosts: their fabric may be libfabric's
+    (None, {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1,n2", "SLURM_TASKS_PER_NODE": "2(x2)"}, []),
+    (None, {"OMPI_MCA_btl": "self,tcp"}, []),                   # the user's own choice of transports
+])
+def test_mpirun_leaves_libfabric_out_only_where_every_rank_runs_here(hosts, env, expected):
+    from labkit.scale import hosts as where
+    assert where.local_transports(hosts, env) == expected
+
+
+def test_a_transport_the_caller_gives_a_launch_is_not_overridden(fake_mpirun):
+    exe, log = fake_mpirun
+    launch.launch(2, ["--steps", "1"], launcher="mpi", timeout=60, progress=False,
+                  env_extra={"OMPI_MCA_btl": "self,tcp"})
+    rec = json.loads(log.read_text())
+    assert "--mca" not in rec["argv"] and rec["env"]["OMPI_MCA_btl"] == "self,tcp"
 
 
 @pytest.mark.parametrize("launcher, user, expected", [
@@ -408,7 +429,7 @@ def test_auto_is_resolved_once_per_run_and_every_launch_takes_that_choice(monkey
 
 def test_default_launcher_follows_the_build_and_the_hosts(monkeypatch):
     from labkit.scale import mpi
-    for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID"):
+    for name in (*launch.FAST_MPI_SETTINGS, "SLURM_JOB_ID", "OMPI_MCA_btl"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(mpi, "describe", lambda: "Open MPI 5.0.11 from PyPI in this environment")
     monkeypatch.setattr(mpi, "horovod_has_mpi", lambda: True)
@@ -487,7 +508,7 @@ def test_mpi_command_places_ranks_by_threads(fake_mpirun, monkeypatch):
     monkeypatch.setattr(machine, "cores", lambda: 2)
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 2)
     cmd = launch.build_command(2, ["--steps", "3"], launcher="mpi", threads=1)
-    assert cmd[1:7] == ["--map-by", "slot:PE=1", "--bind-to", "core", "-np", "2"]
+    assert cmd[1:10] == ["--map-by", "slot:PE=1", "--bind-to", "core", "--mca", "btl", "^ofi", "-np", "2"]
     assert launch.build_command(1, launcher="mpi", threads=1)[1:5] == ["--bind-to", "none", "--map-by", "slot"]
 
 
