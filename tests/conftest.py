@@ -69,8 +69,8 @@ elif os.environ.get("LABKIT_SUITE_FORKSERVER") == "0":
 _FORKSERVER_VARS = {"LABKIT_SUITE_FORKSERVER": None, "LABKIT_RANK_PYTHON": None,
                     "JUPYTER_PATH": os.pathsep.join(d for d in os.environ.get("JUPYTER_PATH", "").split(os.pathsep)
                                                     if not Path(d).parent.name.startswith("forkserver-")) or None}
-REAL_RANKS = ("tests/scale/test_launch.py", "tests/scale/test_resume.py", "tests/cluster/", "tests/deepdive/",
-              "tests/sweep/", "tests/course/test_binder_box.py", "tests/course/test_slurm.py",
+REAL_RANKS = ("tests/scale/test_launch.py", "tests/scale/test_resume.py", "tests/cluster/test_elastic.py",
+              "tests/deepdive/", "tests/sweep/", "tests/course/test_binder_box.py", "tests/course/test_slurm.py",
               "tests/course/test_lab.py", "tests/course/test_refresh_exit.py",
               "tests/exercises/test_check_hvd.py::test_the_learner_entry_point_runs_the_script_and_prints_one_line",
               "tests/exercises/test_check_resume.py::test_the_learner_s_entry_point_end_to_end")
