@@ -47,13 +47,23 @@ def by_profile(*, quick, workshop, full, smoke=_NO_SMOKE, name: str | None = Non
 
     smoke= is the size used at smoke scale (LABKIT_SMOKE=1) whatever the profile; give it only for sizes
     (images, epochs, steps, repeats, batch lists), never for choices such as a model or data set, which then
-    stay the profile's. (00_welcome)
+    stay the profile's. A part the profile leaves out (its value 0, empty, False or None: no rounds, no batch
+    sizes) stays out at smoke scale, which keeps the profile's code paths and shrinks only what they run on.
+    (00_welcome)
     """
     # name (or the active profile) selects; the keyword form keeps all three visible at the call site
     chosen = {"quick": quick, "workshop": workshop, "full": full}[name or profile()]
-    if smoke is not _NO_SMOKE and smoke_scale():
+    if smoke is not _NO_SMOKE and smoke_scale() and not _left_out(chosen):
         return smoke
     return chosen
+
+
+def _left_out(value) -> bool:
+    """A profile's value that leaves a part out: 0, an empty sequence or mapping, False, None."""
+    try:
+        return value is None or value is False or (not isinstance(value, bool) and not value)
+    except (TypeError, ValueError):  # a value without a truth of its own (an array): a size, not an omission
+        return False
 
 
 def data_dir() -> Path:

@@ -63,6 +63,25 @@ def test_smoke_scale_shrinks_sizes_and_keeps_choices(monkeypatch, profile):
     assert config.by_profile(quick=1, workshop=2, full=3, smoke=0) != 0
 
 
+@pytest.mark.parametrize("profile", ["quick", "workshop", "full"])
+def test_a_part_the_profile_leaves_out_stays_out_at_smoke_scale(monkeypatch, profile):
+    """04's and 07's Gloo-vs-MPI rounds and 07's exchange batches: none in the quick profile, so none in the quick
+    profile at smoke scale either (the 1-CPU box's and the 8-core runs' smoke scale), one in the others."""
+    from labkit.base import config
+
+    monkeypatch.setenv("LABKIT_PROFILE", profile)
+    monkeypatch.setenv("LABKIT_SMOKE", "1")
+    quick = profile == "quick"
+    assert config.by_profile(quick=0, workshop=2, full=3, smoke=1) == (0 if quick else 1)
+    assert config.by_profile(quick=[], workshop=[64, 256], full=[128, 512], smoke=[16]) == ([] if quick else [16])
+    assert config.by_profile(quick={}, workshop={"a": 1}, full={"a": 1}, smoke={"b": 2}) == ({} if quick else {"b": 2})
+    assert config.by_profile(quick=None, workshop=5, full=5, smoke=1) == (None if quick else 1)
+    assert config.by_profile(quick=False, workshop=True, full=True, smoke=False) is False
+    assert config.by_profile(quick=True, workshop=True, full=True, smoke=False) is False  # a switch turned off
+    monkeypatch.setenv("LABKIT_SMOKE", "0")
+    assert config.by_profile(quick=0, workshop=2, full=3, smoke=1) == {"quick": 0, "workshop": 2, "full": 3}[profile]
+
+
 @pytest.mark.parametrize("bad", ["yes", "2", "true"])
 def test_bad_smoke_value_names_the_variable(monkeypatch, bad):
     from labkit.base import config
