@@ -61,7 +61,7 @@ def by_profile(*, quick, workshop, full, smoke=_NO_SMOKE, name: str | None = Non
 def _left_out(value) -> bool:
     """A profile's value that leaves a part out: 0, an empty sequence or mapping, False, None."""
     try:
-        return value is None or value is False or (not isinstance(value, bool) and not value)
+        return not value
     except (TypeError, ValueError):  # a value without a truth of its own (an array): a size, not an omission
         return False
 

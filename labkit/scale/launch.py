@@ -402,7 +402,7 @@ def launch(np_: int, script_args=(), *, launcher="auto", hosts=None, timeout: fl
             env["TMPDIR"] = str(scratch)
         cmd = build_command(np_, [*map(str, script_args), "--out", str(out)], launcher=choice, hosts=hosts,
                             export=sorted(env) if choice.launcher == "mpi" else (), module=module, threads=threads,
-                            env={**os.environ, **(env_extra or {})})  # the caller's choices: transports, hosts
+                            env=env)  # the environment mpirun runs in: the caller's transports, the allocation
         label, start = label or f"np={np_}", time.perf_counter()
         proc = subprocess.Popen(_die_with_parent(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=env, start_new_session=True, bufsize=1)
