@@ -38,6 +38,8 @@ import nbformat
 import psutil
 from nbclient import NotebookClient
 
+from kernel_client import SlicedWaitKernelManager  # scripts/, this script's own folder
+
 HERE = Path(__file__).resolve().parent.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # this checkout's labkit
@@ -198,6 +200,7 @@ def run_notebook(path: Path, write: bool, timeout: int, record: dict | None = No
     # record_timing (nbclient's default, stated): the cells' timestamps are the committed run time
     profile = os.environ.get("LABKIT_PROFILE", "workshop")
     client = NotebookClient(nb, timeout=timeout, kernel_name="labkit", record_timing=True,
+                            kernel_manager_class=SlicedWaitKernelManager,  # a reply's lost wake-up costs 1 s
                             timeout_func=cell_timeouts(nb, timeout, profile) if stall_bounds else None,
                             resources={"metadata": {"path": str(path.parent)}})
     info = {"load_before": round(load_average(), 2)}

@@ -269,7 +269,8 @@ def pytest_runtest_protocol(item, nextitem):
     alone, own_core = item.get_closest_marker("solo"), item.get_closest_marker("solo_core")
     if mine is not None and (alone or own_core):
         mine.write_text(f"{os.getpid()} solo")  # this process now runs only the box's units
-        while any(_in_the_way(f, alone is not None) for f in mine.parent.iterdir() if f != mine):
+        others = [f for f in mine.parent.iterdir() if f != mine and f.suffix != ".claim"]  # not box_first_cpu's
+        while any(_in_the_way(f, alone is not None) for f in others):
             time.sleep(1)
     if "LABKIT_SUITE_FORKSERVER" in os.environ and item.nodeid.startswith(REAL_RANKS):  # its module's fixtures too
         saved = {name: os.environ.pop(name) for name in _FORKSERVER_VARS if name in os.environ}
@@ -295,8 +296,23 @@ def _in_the_way(state: Path, alone: bool) -> bool:
 
 
 @pytest.fixture
-def box_first_cpu(request) -> int:
-    """The CPU (index among this machine's) a 1-CPU box of this test process starts at: gw0 the first, gw1 the
-    second, so two boxes side by side each have a core of their own."""
-    worker = getattr(request.config, "workerinput", {}).get("workerid", "gw0")
-    return int(worker.removeprefix("gw")) % (os.cpu_count() or 1)
+def box_first_cpu(request):
+    """The CPU (index among this machine's) a 1-CPU box of this test process starts at: the lowest one no other
+    test process's box holds (a claim file in the run's folder, made atomically), so two boxes side by side each
+    have a core of their own whatever the number of test processes."""
+    folder = _worker_file(request.config)
+    if folder is None:  # one test process: nothing beside it
+        yield 0
+        return
+    for cpu in range(os.cpu_count() or 1):
+        claim = folder.parent / f"cpu{cpu}.claim"
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        try:
+            yield cpu
+        finally:
+            claim.unlink(missing_ok=True)
+        return
+    yield 0  # more boxes than CPUs: they share the first

@@ -21,6 +21,18 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("P
 ENV.pop("LABKIT_DEBUG", None)
 
 
+def notebook_client(nb, **kwargs):
+    """nbclient's NotebookClient as the course's own runs make it: a kernel client that waits for each message in
+    1 s slices (scripts/kernel_client.py says why)."""
+    import sys
+
+    import nbclient
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    from kernel_client import SlicedWaitKernelManager
+    return nbclient.NotebookClient(nb, kernel_manager_class=SlicedWaitKernelManager, **kwargs)
+
+
 def edited(src: str, *edits) -> str:
     """src with each (old, new) replaced; each old text must be there exactly once, so that a changed reference
     script fails the test that plants a mistake in it instead of planting nothing."""

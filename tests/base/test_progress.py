@@ -2,6 +2,7 @@
 
 import pytest
 
+from helpers import notebook_client
 from labkit.base import progress
 
 
@@ -38,7 +39,6 @@ def test_bar_with_a_display_ends_at_its_final_state():
 @pytest.mark.slow
 def test_a_saved_notebook_keeps_the_final_state(tmp_path):
     """The real thing: nbclient runs a cell in a kernel and stores what the notebook file keeps."""
-    import nbclient
     import nbformat
 
     nb = nbformat.v4.new_notebook()
@@ -47,8 +47,7 @@ def test_a_saved_notebook_keeps_the_final_state(tmp_path):
         "b = progress.bar(5, 'transfer runs', 'run')\n"
         "for _ in range(5):\n    b.update(1)\nb.close()")]
     # the kernel inherits this process's environment, PYTHONPATH included: the labkit under test
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=120,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = notebook_client(nb, kernel_name="python3", timeout=120, resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     texts = [o["data"]["text/plain"] for o in nb.cells[0].outputs if o.get("output_type") == "display_data"]
     assert len(texts) == 1 and "5/5" in texts[0] and "100%" in texts[0], texts

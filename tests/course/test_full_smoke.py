@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import ROOT  # noqa: E402  (the repository root, one definition)
+from helpers import ROOT, notebook_client  # noqa: E402  (the repository root, one definition)
 
 sys.path.insert(0, str(ROOT / "tests" / "data"))
 import cifar_real_size  # noqa: E402  (the official CIFAR-10 layout, one writer)
@@ -179,8 +179,8 @@ def test_notebook_runs_in_full_profile_at_smoke_scale(path, smoke_env, learner, 
     run_path = learner.get(path.name, path)
     checks = [ex.cell + 1 for ex in exercises.exercises(nbformat.read(path, as_version=4))] if run_path != path else []
     nb = nbformat.read(run_path, as_version=4)
-    client = nbclient.NotebookClient(nb, kernel_name="labkit", timeout=300, allow_errors=False,
-                                     resources={"metadata": {"path": str(run_path.parent)}})
+    client = notebook_client(nb, kernel_name="labkit", timeout=300, allow_errors=False,
+                             resources={"metadata": {"path": str(run_path.parent)}})
     start = time.perf_counter()
     try:
         client.execute()

@@ -127,9 +127,13 @@ def _run_as(python, user, views, course, home, notebook):
     """`jupyter nbconvert --execute` of one notebook of the course, as user, from the course's notebooks folder."""
     # at smoke scale: what a read-only course changes is where files go, not how long the runs are
     env = {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "LABKIT_PROFILE": "quick",
-           "LABKIT_SMOKE": "1", "PYTHONPATH": str(course), "LANG": "C.UTF-8", "TMPDIR": str(home / "tmp")}
+           "LABKIT_SMOKE": "1", "PYTHONPATH": os.pathsep.join([str(course), str(course / "scripts")]),
+           "LANG": "C.UTF-8", "TMPDIR": str(home / "tmp")}
+    # the kernel manager of the course's own runs (scripts/kernel_client.py): a reply's lost wake-up costs 1 s, not
+    # the cell's whole timeout
     cmd = [python, "-m", "nbconvert", "--execute", "--to", "notebook",
            "--output-dir", str(home / "out"), "--ExecutePreprocessor.kernel_name=python3",
+           "--ExecutePreprocessor.kernel_manager_class=kernel_client.SlicedWaitKernelManager",
            "--ExecutePreprocessor.timeout=600", str(course / "notebooks" / f"{notebook}.ipynb")]
     (home / "tmp").mkdir(exist_ok=True)
     if os.geteuid() == 0:
