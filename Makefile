@@ -4,9 +4,10 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 # pytest arguments for `make test`, e.g. make test ARGS="tests/conv/test_conv.py -x"
 ARGS  ?=
-# test processes (pytest-xdist): the suite's launches leave a core idle while Python and TensorFlow start, so
-# two processes fill both; JOBS=0 runs it in one process (tests/conftest.py says what runs together)
-JOBS  ?= 2
+# test processes (pytest-xdist): the suite's launches, Slurm jobs and shaped links leave a core idle while they wait,
+# so three processes keep both cores of a 2-core machine busy (2: the CPUs 92-94 % busy, 3: 99 %); JOBS=0 runs it
+# in one process (tests/conftest.py says what runs together; the box tests run alone whatever the number)
+JOBS  ?= 3
 
 .PHONY: lab test lint lint-only setup refresh lock doctor help
 help:

@@ -137,16 +137,16 @@ def pytest_configure(config):
     os.environ.setdefault("MPLBACKEND", "Agg")
 
 
-# ------------------------------------------------------------------ two test processes (pytest-xdist)
-# `make test` runs the suite in two processes (-n 2 --dist loadscope). A file is one unit of work: its module
-# fixtures start once and nbval's cells run in order in one kernel. The files that share machine-wide state
+# ------------------------------------------------------------------ test processes (pytest-xdist)
+# `make test` runs the suite in three processes (-n 3 --dist loadscope, Makefile JOBS). A file is one unit of work:
+# its module fixtures start once and nbval's cells run in order in one kernel. The files that share machine-wide state
 # are one unit, run one after the other: the virtual cluster's network namespaces (labkit-node1..N) and the
 # test Slurm that starts on them. That unit is the longest, so it goes first (--no-loadscope-reorder keeps
 # this order) and is not the tail of the run. The full profile's notebook runs (test_full_smoke.py without its Slurm
 # templates) are a unit of their own, second.
 # The Binder box's notebook runs must not share their CPUs with another test process, and go last:
 # - a 1-CPU box gets a core of its own (marker solo_core): the two units of them (SOLO_CORE_UNITS) run side by side,
-#   one per test process, each box on that process's own CPU (box_first_cpu), once every other test process has
+#   one per test process, each box on a CPU no other box holds (box_first_cpu), once every other test process has
 #   finished or is running such a unit itself;
 # - the box that keeps one of its 2 CPUs busy needs the whole machine (marker solo): its unit, sent last, waits
 #   until every other test process has finished.
@@ -166,7 +166,7 @@ _LAST = {**{u: 1 for u in SOLO_CORE_UNITS.values()}, SOLO_UNIT: 2}  # the order 
 
 def _unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
-    if path == CORE_COUNTS:  # eight notebook runs: each its own unit, spread over both test processes
+    if path == CORE_COUNTS:  # its notebook runs: each its own unit, spread over the test processes
         return nodeid
     if path == FULL_SMOKE and "_template_" not in nodeid:  # its notebook runs need no Slurm: not the serial unit's
         return FULL_SMOKE

@@ -4,7 +4,7 @@ and chunk sizes), so 8 and 16 take the code paths those machines would, oversubs
 asserted (this is not the reference machine's shape); every hard assert left in the notebooks is. 02 and 07 at 64
 cores run in the full profile (tests/course/test_full_smoke.py). The quick runs are at smoke scale (LABKIT_SMOKE=1:
 every size shrunk, every code path of the profile kept), 02's workshop runs are not; each run is a unit of its own
-in `make test` (tests/conftest.py), so they spread over both test processes."""
+in `make test` (tests/conftest.py), so they spread over the test processes."""
 from __future__ import annotations
 
 import sys
