@@ -295,24 +295,31 @@ def _in_the_way(state: Path, alone: bool) -> bool:
     return running and (alone or phase != ["solo"])
 
 
-@pytest.fixture
-def box_first_cpu(request):
-    """The CPU (index among this machine's) a 1-CPU box of this test process starts at: the lowest one no other
-    test process's box holds (a claim file in the run's folder, made atomically), so two boxes side by side each
-    have a core of their own whatever the number of test processes."""
-    folder = _worker_file(request.config)
-    if folder is None:  # one test process: nothing beside it
-        yield 0
-        return
-    for cpu in range(os.cpu_count() or 1):
-        claim = folder.parent / f"cpu{cpu}.claim"
+def claim_cpu(folder: Path, cpus: int) -> tuple[int, Path | None]:
+    """The lowest CPU index below cpus no other claim in folder holds, and its claim file (made atomically: two
+    test processes never get the same one); (0, None) when every CPU is held (the boxes then share the first)."""
+    for cpu in range(cpus):
+        claim = folder / f"cpu{cpu}.claim"
         try:
             os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             continue
-        try:
-            yield cpu
-        finally:
-            claim.unlink(missing_ok=True)
+        return cpu, claim
+    return 0, None
+
+
+@pytest.fixture
+def box_first_cpu(request):
+    """The CPU (index among this machine's) a 1-CPU box of this test process starts at: one no other test
+    process's box holds (claim_cpu in the run's folder, given back after the test), so two boxes side by side each
+    have a core of their own whatever the number of test processes."""
+    mine = _worker_file(request.config)
+    if mine is None:  # one test process: nothing beside it
+        yield 0
         return
-    yield 0  # more boxes than CPUs: they share the first
+    cpu, claim = claim_cpu(mine.parent, os.cpu_count() or 1)
+    try:
+        yield cpu
+    finally:
+        if claim is not None:
+            claim.unlink(missing_ok=True)

@@ -23,6 +23,16 @@ def test_a_box_unit_waits_for_a_process_that_runs_other_tests(tmp_path):
     assert not conftest._in_the_way(gone, alone=True)
 
 
+def test_two_boxes_side_by_side_get_cpus_of_their_own(tmp_path):
+    (gw0, claim0), (gw2, _) = conftest.claim_cpu(tmp_path, 2), conftest.claim_cpu(tmp_path, 2)
+    assert (gw0, gw2) == (0, 1)  # not both CPU 0, as the worker's index modulo the CPUs gave gw0 and gw2
+    assert conftest.claim_cpu(tmp_path, 2) == (0, None)  # a third: every CPU held
+    claim0.unlink()  # gw0's box ended: its CPU is free again
+    assert conftest.claim_cpu(tmp_path, 2)[0] == 0
+    (tmp_path / "gw1").write_text(f"{os.getpid()}")  # a claim is not a test process's state file
+    assert [f.name for f in tmp_path.iterdir() if f.suffix != ".claim"] == ["gw1"]
+
+
 def test_every_box_notebook_run_has_its_unit_and_the_busy_one_goes_last():
     units = set(conftest.SOLO_CORE_UNITS.values())
     assert len(units) == 2 and all(conftest._unit(t) in units for t in conftest.SOLO_CORE_UNITS)
