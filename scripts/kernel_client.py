@@ -5,10 +5,11 @@ POLL_SLICE_S slices.
 Why: nbclient waits for a cell's reply with one asyncio poll of the whole cell timeout. pyzmq's asyncio poll wakes on
 the socket's edge-triggered file descriptor, and that wake-up is sometimes missed; the reply then sits in the socket
 until the timeout, when pyzmq's last, real zmq poll finds it and the run goes on as if nothing happened (the symptom
-pyzmq#1558 reports: "the poller will return a received event after the timeout"; the exact cause here is not known). Seen here as an idle
-kernel and a cell that took its whole bound, then passed: 04's widget cell in the box beside a busy core (+174 s
-at its 180 s bound), 01 from a read-only course (+594 s at nbconvert's 600 s). Polling in slices makes that last
-poll happen every POLL_SLICE_S, so a lost wake-up costs at most that long; the timeout itself is unchanged.
+pyzmq#1558 reports: "the poller will return a received event after the timeout"; the exact cause here is not
+known). Seen here as an idle kernel and a cell that took its whole bound, then passed: 04's widget cell in the box
+beside a busy core (+174 s at its 180 s bound), 01 from a read-only course (+594 s at nbconvert's 600 s). Polling in
+slices makes that last poll happen every POLL_SLICE_S, so a lost wake-up costs at most that long; the timeout itself
+is unchanged.
 
     NotebookClient(nb, kernel_manager_class=kernel_client.SlicedWaitKernelManager, ...)
     jupyter nbconvert --execute --ExecutePreprocessor.kernel_manager_class=kernel_client.SlicedWaitKernelManager

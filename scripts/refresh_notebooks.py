@@ -84,7 +84,8 @@ def _stop_cells_on_signal(client, stopped: list) -> None:
     """Ctrl-C and SIGTERM cancel the cell that runs (nbclient's own handlers only shut the kernel down, and the
     cell then waits for a reply until its timeout): the signal is kept in stopped, the kernel cleaned up by
     setup_kernel's exit."""
-    loop = asyncio.get_event_loop()
+    from jupyter_core.utils import ensure_event_loop
+    loop = ensure_event_loop()  # the loop nbclient's calls run on (jupyter_core's run_sync), not the thread's own
 
     def stop(signum):
         stopped.append(signum)

@@ -260,12 +260,17 @@ _SECONDARY = ("Horovod has been shut down", "HorovodAllreduce", "HorovodBroadcas
 
 
 def _failing_rank(lines, tails) -> int | None:
-    """Which rank failed first: a rank whose traceback is its own (not a collective torn down under it),
-    else the rank Horovod names, else the first rank with a traceback."""
+    """Which rank failed first: a rank whose traceback is its own (not a collective torn down under it), else a
+    rank killed by SIGKILL (the word "Killed" in its stderr, as the shell reports it: kill -9, the out-of-memory
+    killer; the others' errors follow from it, and Horovod may name one of them first when it sees their exits
+    before that one's), else the rank Horovod names, else the first rank with a traceback."""
     with_tb = [r for r in sorted(tails) if any("Traceback" in t or "Error" in t for t in tails[r])]
     own = [r for r in with_tb if not any(m in t for t in tails[r] for m in _SECONDARY)]
     if own:
         return own[0]
+    killed = [r for r in sorted(tails) if any(re.search(r"(?:^|\s)Killed(?:\s|$)", t) for t in tails[r])]
+    if killed:
+        return killed[0]
     for line in lines:
         # horovodrun: "Process 1 exit with status code 1" / "Process name: 1"; mpirun: "Process name: [[63841,1],1]"
         # (Open MPI 4) or "Process name: [prterun-host-1234@1,1]" (Open MPI 5): the rank is the last number

@@ -39,11 +39,16 @@ def _channel(cls, socket):
 
 
 def _timed(channel, timeout):
+    # a loop of its own, never the thread's current one: asyncio.run would leave the thread without one, and
+    # refresh_notebooks, run later in this test process, asks for it (asyncio.get_event_loop)
+    loop = asyncio.new_event_loop()
     start = time.monotonic()
     try:
-        return asyncio.run(channel.get_msg(timeout=timeout)), time.monotonic() - start
+        return loop.run_until_complete(channel.get_msg(timeout=timeout)), time.monotonic() - start
     except Empty:
         return None, time.monotonic() - start
+    finally:
+        loop.close()
 
 
 @pytest.fixture

@@ -206,3 +206,29 @@ def test_settle_waits_until_the_load_decays_and_no_longer_than_its_limit():
     now[0] = 0.0
     assert refresh.settle(2, load=lambda: 3.0, sleep=sleep, clock=lambda: now[0], limit_s=10) == 10.0
     assert refresh.settle(2, load=lambda: float("nan"), sleep=sleep, clock=lambda: now[0]) == 0.0  # no load average
+
+
+RUN_AFTER_LOOP_RESET = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+import refresh_notebooks as refresh
+from jupyter_core.utils import ensure_event_loop
+from pathlib import Path
+ensure_event_loop()  # an earlier notebook run in this process: jupyter_core keeps its loop
+asyncio.run(asyncio.sleep(0))  # then anything that ends with asyncio.set_event_loop(None)
+print(refresh.run_notebook(Path(sys.argv[2]), write=False, timeout=120, stall_bounds=False)[0] > 0)
+"""
+
+
+@pytest.mark.slow
+def test_a_notebook_runs_after_the_thread_lost_its_current_loop(tmp_path):
+    """run_notebook's Ctrl-C handlers go on the loop nbclient runs on (jupyter_core's), not the thread's current one:
+    a process that ran a notebook and then asyncio.run (which leaves the thread without a loop) still runs one; with
+    asyncio.get_event_loop it raised "There is no current event loop" (seen in the suite, 3 processes)."""
+    import subprocess
+
+    from helpers import ENV
+    path = small_notebook(tmp_path / "n.ipynb", "1 + 1")
+    out = subprocess.run([sys.executable, "-c", RUN_AFTER_LOOP_RESET, str(ROOT / "scripts"), str(path)],
+                         capture_output=True, text=True, env=ENV, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("True"), out.stderr[-2000:]

@@ -159,8 +159,13 @@ def _cached_wheels(root):
 def test_build_horovod_ctrl_c_removes_its_temp_folder(horovod_build):
     import signal
     root, env = horovod_build
+    def as_a_terminal_starts_it():  # Ctrl-C delivered and not ignored, whatever this test process inherited: in
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # one run with three test processes the script never saw it
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # and finished its 30 s build
+
     proc = subprocess.Popen(["bash", str(root / "scripts/build-horovod.sh")], env={**env, "FAKE_COMPILE_S": "30"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=as_a_terminal_starts_it)
     try:
         assert "building horovod" in proc.stdout.readline()
         deadline = time.time() + 30
