@@ -47,6 +47,20 @@ def test_decompose_takes_the_three_curves_apart(monkeypatch):
     assert bool(row.in_sync) and not free.set_index("np").loc[2, "in_sync"]
 
 
+@pytest.mark.parametrize("smoke, window", [("0", localscale.PROBE_S), ("1", localscale.SMOKE_PROBE_S)])
+def test_the_probe_window_is_a_size_smoke_scale_shrinks(monkeypatch, smoke, window):
+    monkeypatch.setenv("LABKIT_SMOKE", smoke)
+    monkeypatch.setattr(scaling, "run", no_separate_launch)
+    monkeypatch.setattr(scaling, "run_paired", fake_paired(fake_run(lambda n, sync, b: 10)))
+    seen = []
+    monkeypatch.setattr(probe, "gemm_probe", lambda n, seconds, base=None: seen.append(seconds) or {
+        "gflops_total": 100.0 * n, "speedup": float(n), "efficiency": 1.0})
+    localscale.decompose([2], steps=3, progress=False)
+    assert seen == [window, window] and localscale.SMOKE_PROBE_S < localscale.PROBE_S == 2.0
+    localscale.decompose([2], steps=3, progress=False, probe_seconds=0.5)  # the caller's own window stands
+    assert seen[-2:] == [0.5, 0.5]
+
+
 def test_both_curves_divide_by_one_baseline_the_worker_without_exchange(monkeypatch):
     """A 1-worker launch with Horovod 1 ms slower than without: both curves still divide by the one without."""
     monkeypatch.setattr(scaling, "run", no_separate_launch)
