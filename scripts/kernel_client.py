@@ -43,7 +43,7 @@ class SlicedWaitChannel(AsyncZMQSocketChannel):
 
 
 class SlicedWaitClient(AsyncKernelClient):
-    """AsyncKernelClient whose shell, iopub and stdin channels wait in slices."""
+    """AsyncKernelClient whose shell, iopub, stdin and control channels wait in slices."""
 
     shell_channel_class = Type(SlicedWaitChannel)
     iopub_channel_class = Type(SlicedWaitChannel)

@@ -19,9 +19,6 @@ from labkit.scale import scaling
 CONTROLLER_RESULTS = Path(__file__).resolve().parents[2] / "notebooks" / "results" / "controllers.json"
 
 
-PROBE_S, SMOKE_PROBE_S = 2.0, 0.25  # the GEMM probe's window per worker count; at smoke scale a size like the others
-
-
 def decompose(workers=None, *, probe_seconds=None, progress=True, **run_kw):
     """Where data-parallel efficiency goes on one machine, measured in one run, for each worker count:
 
@@ -30,7 +27,7 @@ def decompose(workers=None, *, probe_seconds=None, progress=True, **run_kw):
     alternating blocks of one launch per worker count (scaling.run_paired). Every worker owns one thread
     (threads=1) on the CPU, also on a GPU node (scaling.run's workers stay there). workers: default
     labkit.scale.plans.scaling_workers() (log-spaced, fitted to the cores, memory and load, at least 1 and 2).
-    probe_seconds: the GEMM probe's window (default PROBE_S, SMOKE_PROBE_S at smoke scale).
+    probe_seconds: the GEMM probe's window (default probe.window_s(): shorter at smoke scale).
     run_kw: scaling.run_paired's (model, batch_size, steps, ...). Returns (table, horovod, no_sync): one row per
     worker count with GFLOP/s, images/s, speedup and efficiency of the three, and the two scaling.run_paired
     DataFrames. Both training curves divide by ONE run, named in table.attrs["baseline"]: one worker without the
@@ -38,10 +35,9 @@ def decompose(workers=None, *, probe_seconds=None, progress=True, **run_kw):
     """
     import pandas as pd
 
-    from labkit.base import config
     from labkit.scale import plans, probe
     if probe_seconds is None:
-        probe_seconds = config.by_profile(quick=PROBE_S, workshop=PROBE_S, full=PROBE_S, smoke=SMOKE_PROBE_S)
+        probe_seconds = probe.window_s()
     if workers is None:
         workers = plans.scaling_workers()  # two at least: one exchange to measure
     workers = check_ints([workers] if isinstance(workers, int) else workers, "workers", minimum=1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from labkit.base import plans as base
 from labkit.base.plans import KERNEL_BYTES, Experiment, Machine
+from labkit.scale.probe import WINDOW_S
 
 # activations kept per 32x32x3 image for the backward pass: labkit.flops' count (03_flops), typed here so that
 # `labkit plan` does not load TensorFlow (tests/base/test_plans.py holds them to scaling.training_bytes)
@@ -60,7 +61,7 @@ def where_s(counts, profile: str, m: Machine) -> float:
     """The plan's seconds for 04's first experiment (localscale.decompose: a 2 s GEMM probe and a paired launch
     per worker count) on m."""
     work = 2 * TRAIN_CPU_S[profile]
-    return sum(2.0 + base.launch_s(n, m, work) for n in counts)
+    return sum(WINDOW_S + base.launch_s(n, m, work) for n in counts)
 
 
 def experiments(profile: str, m: Machine) -> list:

@@ -35,11 +35,20 @@ dt = time.perf_counter() - t0
 print(json.dumps({"gflops": 2 * n ** 3 * count / dt / 1e9, "matmuls": count, "seconds": dt}))
 """
 
+WINDOW_S, SMOKE_WINDOW_S = 2.0, 0.25  # seconds each probe computes; at smoke scale a size like the others
+
+
+def window_s() -> float:
+    """The probe's window in this profile: WINDOW_S, SMOKE_WINDOW_S at smoke scale. (04_horovod_scaling)"""
+    from labkit.base import config
+    return config.by_profile(quick=WINDOW_S, workshop=WINDOW_S, full=WINDOW_S, smoke=SMOKE_WINDOW_S)
+
+
 _ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                  "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")}
 
 
-def gemm_rates(processes: int, seconds: float = 2.0, n: int = 384, timeout: float = 120) -> list[float]:
+def gemm_rates(processes: int, seconds: float = WINDOW_S, n: int = 384, timeout: float = 120) -> list[float]:
     """GFLOP/s of each of `processes` single-thread GEMM processes computing in the same time window."""
     check_int(processes, "processes", minimum=1)
     check_number(seconds, "seconds", above=0, maximum=60)
@@ -64,7 +73,7 @@ def gemm_rates(processes: int, seconds: float = 2.0, n: int = 384, timeout: floa
     return [json.loads(out.strip().splitlines()[-1])["gflops"] for out, _ in outs]
 
 
-def gemm_probe(processes: int, seconds: float = 2.0, n: int = 384, base: float | None = None) -> dict:
+def gemm_probe(processes: int, seconds: float = WINDOW_S, n: int = 384, base: float | None = None) -> dict:
     """Total GFLOP/s of `processes` single-thread GEMM processes at once, with speedup and efficiency
     against `base` (one process's GFLOP/s; measured now when None)."""
     rates = gemm_rates(processes, seconds, n)

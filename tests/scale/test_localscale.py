@@ -47,7 +47,7 @@ def test_decompose_takes_the_three_curves_apart(monkeypatch):
     assert bool(row.in_sync) and not free.set_index("np").loc[2, "in_sync"]
 
 
-@pytest.mark.parametrize("smoke, window", [("0", localscale.PROBE_S), ("1", localscale.SMOKE_PROBE_S)])
+@pytest.mark.parametrize("smoke, window", [("0", probe.WINDOW_S), ("1", probe.SMOKE_WINDOW_S)])
 def test_the_probe_window_is_a_size_smoke_scale_shrinks(monkeypatch, smoke, window):
     monkeypatch.setenv("LABKIT_SMOKE", smoke)
     monkeypatch.setattr(scaling, "run", no_separate_launch)
@@ -56,7 +56,7 @@ def test_the_probe_window_is_a_size_smoke_scale_shrinks(monkeypatch, smoke, wind
     monkeypatch.setattr(probe, "gemm_probe", lambda n, seconds, base=None: seen.append(seconds) or {
         "gflops_total": 100.0 * n, "speedup": float(n), "efficiency": 1.0})
     localscale.decompose([2], steps=3, progress=False)
-    assert seen == [window, window] and localscale.SMOKE_PROBE_S < localscale.PROBE_S == 2.0
+    assert seen == [window, window] and probe.SMOKE_WINDOW_S < probe.WINDOW_S == 2.0
     localscale.decompose([2], steps=3, progress=False, probe_seconds=0.5)  # the caller's own window stands
     assert seen[-2:] == [0.5, 0.5]
 
