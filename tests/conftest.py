@@ -214,8 +214,21 @@ def pytest_collection_modifyitems(config, items):
         elif item.nodeid in SOLO_CORE_UNITS:
             item.add_marker(pytest.mark.solo_core)
     if hasattr(config, "workerinput"):  # an xdist worker: what it reports is the order the units go out in
-        items.sort(key=lambda item: (_unit(item.nodeid) != SERIAL_UNIT, _unit(item.nodeid) != FULL_SMOKE,
-                                     _LAST.get(_unit(item.nodeid), 0), _unit(item.nodeid)))  # stable in a unit
+        slow = {_unit(item.nodeid) for item in items if _is_slow(item)}
+        items.sort(key=lambda item: _send_order(_unit(item.nodeid), slow))  # stable in a unit
+
+
+def _is_slow(item) -> bool:
+    """A notebook run of nbval's, or a test marked slow (more than a few seconds)."""
+    return item.nodeid.startswith("notebooks/") or item.get_closest_marker("slow") is not None
+
+
+def _send_order(unit: str, slow: set) -> tuple:
+    """The order the units go out in: the serial unit, the full profile's notebook runs, then the units with a slow
+    test before the others (the short ones fill the end, so the processes finish together and the box units start
+    sooner: with files in name order test_launch.py's 2 minutes went out last and the other processes waited
+    half a minute for it), the box units last."""
+    return unit != SERIAL_UNIT, unit != FULL_SMOKE, _LAST.get(unit, 0), unit not in slow, unit
 
 
 @pytest.hookimpl(optionalhook=True)

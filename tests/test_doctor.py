@@ -66,6 +66,7 @@ def test_doctor_fails_when_horovod_lacks_tensorflow(tmp_path):
     assert "fix horovod: Horovod was built without TensorFlow" in proc.stdout
 
 
+@pytest.mark.slow
 def test_the_build_is_asked_of_the_ranks_python(tmp_path):
     """The doctor asks the Python each rank runs (LABKIT_RANK_PYTHON): its Horovod is the one launches use."""
     ranks = _fake_python(tmp_path, "echo '{\"version\": \"0.27.2\", \"frameworks\": [\"TensorFlow\"], "

@@ -39,6 +39,25 @@ def test_every_box_notebook_run_has_its_unit_and_the_busy_one_goes_last():
     assert conftest._LAST[conftest.SOLO_UNIT] > max(conftest._LAST[u] for u in units)
 
 
+def test_units_with_a_slow_test_go_out_before_the_others_and_the_boxes_last():
+    slow = {conftest.SERIAL_UNIT, conftest.FULL_SMOKE, "notebooks/05_network_sweep.ipynb", "tests/scale/test_launch.py",
+            *conftest.SOLO_CORE_UNITS.values(), conftest.SOLO_UNIT}
+    units = ["tests/base/test_checks.py", "tests/scale/test_launch.py", conftest.SOLO_UNIT, "tests/a_test.py",
+             "notebooks/05_network_sweep.ipynb", *sorted(set(conftest.SOLO_CORE_UNITS.values())), conftest.FULL_SMOKE,
+             conftest.SERIAL_UNIT]
+    order = sorted(units, key=lambda unit: conftest._send_order(unit, slow))
+    assert order == [conftest.SERIAL_UNIT, conftest.FULL_SMOKE, "notebooks/05_network_sweep.ipynb",
+                     "tests/scale/test_launch.py", "tests/a_test.py", "tests/base/test_checks.py",
+                     *sorted(set(conftest.SOLO_CORE_UNITS.values())), conftest.SOLO_UNIT]
+
+
+def test_a_notebook_run_and_a_test_marked_slow_are_slow():
+    marked = SimpleNamespace(nodeid="tests/x.py::t", get_closest_marker=lambda name: name == "slow" or None)
+    plain = SimpleNamespace(nodeid="tests/x.py::t", get_closest_marker=lambda name: None)
+    cell = SimpleNamespace(nodeid="notebooks/01_cnn_basics.ipynb::Cell 0", get_closest_marker=lambda name: None)
+    assert conftest._is_slow(marked) and conftest._is_slow(cell) and not conftest._is_slow(plain)
+
+
 def test_the_full_profiles_notebook_runs_leave_the_serial_unit_but_its_slurm_templates_stay():
     smoke = conftest.FULL_SMOKE
     assert conftest._unit(f"{smoke}::test_notebook_runs_in_full_profile_at_smoke_scale[x]") == smoke

@@ -151,6 +151,7 @@ def test_scratch_dir_refuses_a_path_as_prefix():
         config.scratch_dir("../x")
 
 
+@pytest.mark.slow
 def test_set_seed_gives_the_same_initial_weights_in_every_process():
     """Keras 2 seeds an unseeded initializer from Python's random: tf.random.set_seed alone gives new weights
     in every process (04's learning-rate runs started from different weights each time before this)."""

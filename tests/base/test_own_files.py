@@ -92,6 +92,7 @@ def test_fit_bench_refuses_a_foreign_file_a_pipe_and_what_scale_refuses(foreign,
                       "memory")
 
 
+@pytest.mark.slow
 def test_sweep_refuses_a_foreign_file_and_a_pipe(foreign, fifo):
     link, target = foreign
     for extra in ((), ("--overwrite",)):

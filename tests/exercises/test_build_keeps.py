@@ -1,10 +1,13 @@
 """`labkit exercises build DIR --force` keeps a copy of every notebook it replaces that it did not write (a learner's
 edits), and says where: nothing a learner wrote is lost."""
+import pytest
+
 from helpers import ROOT, labkit_cli, sha
 
 SOURCE = ROOT / "notebooks"
 
 
+@pytest.mark.slow
 def test_force_keeps_the_learners_edits_and_says_where(tmp_path):
     learner = tmp_path / "learner"
     done = labkit_cli("exercises", "build", str(learner))

@@ -48,6 +48,7 @@ def test_bad_arguments_exit_2_with_one_line_before_any_model(argv, word):
     assert word in last and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_one_rank_trains_and_writes_its_result(tmp_path):
     pytest.importorskip("horovod.tensorflow")
     proc = subprocess.run([sys.executable, "-m", "labkit.scale.hvd_train", "--steps", "2", "--repeats", "2",

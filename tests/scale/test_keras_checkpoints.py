@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ENV, ROOT  # noqa: E402
 
 # Model.save_weights wrapped in the child: every file it is asked to write is recorded
@@ -23,6 +25,7 @@ runpy.run_path(script, run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_the_loops_checkpoint_is_renamed_into_place_never_written_in_place(tmp_path):
     checkpoint = tmp_path / "checkpoint.h5"
     script = ROOT / "labkit/scale/keras_hvd_loop.py"
@@ -47,6 +50,7 @@ def _fit_script_writes(tmp_path, name, *args):
     return [os.path.basename(p) for p in (tmp_path / "writes.opened").read_text().split()]
 
 
+@pytest.mark.slow
 def test_the_fit_scripts_write_a_new_checkpoint_each_epoch(tmp_path):
     for name in ("keras_single.py", "keras_hvd.py"):
         folder = tmp_path / name

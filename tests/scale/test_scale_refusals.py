@@ -99,6 +99,7 @@ def test_a_batch_that_cannot_fit_in_memory_is_refused_with_the_estimate(fake_lau
     assert 0 < fits < 10_000_000
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident set from /proc (Linux)")
 def test_the_memory_estimate_is_below_what_training_really_takes():
     """Oracle: the resident memory a real training step of small_cnn adds, sampled while it runs, grows from batch 32
