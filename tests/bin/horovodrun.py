@@ -2,8 +2,9 @@
 per-launch check that Horovod was built with Gloo. That check starts a child process which imports TensorFlow only
 to ask the extension (about 3 s of CPU and 3.5 s of wall time on every `horovodrun --gloo`, hundreds of them in
 `make test`). tests/conftest.py points LABKIT_HOROVODRUN at tests/bin/horovodrun, which runs this; the build
-itself is checked, uncut: `horovodrun --check-build` passes through, and tests/scale/test_launch.py asks the
-extension as the real launcher does and compares --check-build's report with the doctor's one-process probe."""
+itself is checked, uncut: `horovodrun --check-build` passes through (its Gloo controller is the launcher's own
+gloo_built() call), and tests/scale/test_launch.py reads that report and compares it with the doctor's one-process
+probe."""
 import sys
 
 import horovod.runner.launch as launch

@@ -571,9 +571,9 @@ def test_parse_check_build():
 @needs_horovod
 def test_the_suites_horovodrun_leaves_out_only_a_check_that_holds():
     """tests/bin/horovodrun (the suite's LABKIT_HOROVODRUN, tests/conftest.py) skips horovodrun's per-launch
-    gloo_built(): this Horovod is built with Gloo, asked as the real launcher asks. --check-build passes through
-    to Horovod's own check, whose report is what labkit's one-process probe (horovod_info.probe_build, which the
-    doctor uses) says: the same build, asked both ways."""
+    gloo_built(): this Horovod is built with Gloo, asked as the real launcher asks (--check-build passes through
+    to Horovod's own check, whose Gloo controller is that same gloo_built() call), and the report is what labkit's
+    one-process probe (horovod_info.probe_build, which the doctor uses) says: the same build, asked both ways."""
     import os
     import subprocess
     import sys
@@ -584,9 +584,6 @@ def test_the_suites_horovodrun_leaves_out_only_a_check_that_holds():
     shim = Path(__file__).parents[1] / "bin" / "horovodrun"
     if os.environ.get("LABKIT_HOROVODRUN") != str(shim):
         pytest.skip("LABKIT_HOROVODRUN is not the suite's horovodrun here")
-    asked = subprocess.run([sys.executable, "-c", "from horovod.common.util import gloo_built; print(gloo_built())"],
-                           capture_output=True, text=True, timeout=300)
-    assert asked.stdout.strip() == "True", asked.stderr[-500:]
     ours = subprocess.run([str(shim), "--check-build"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "LABKIT_TEST_PYTHON": sys.executable})
     theirs = parse_check_build(ours.stdout)
