@@ -232,3 +232,39 @@ def test_a_notebook_runs_after_the_thread_lost_its_current_loop(tmp_path):
     out = subprocess.run([sys.executable, "-c", RUN_AFTER_LOOP_RESET, str(ROOT / "scripts"), str(path)],
                          capture_output=True, text=True, env=ENV, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("True"), out.stderr[-2000:]
+
+
+def test_the_memory_monitor_sees_a_child_s_memory_and_reads_pss_at_most_once_a_second(monkeypatch):
+    """PeakRSS: a child that holds 200 MiB is in both peaks; PSS (a walk of every page table, 14 ms for one
+    TensorFlow process) is read at most every pss_interval seconds while RSS is read every interval."""
+    import subprocess
+
+    import psutil
+
+    reads = {"pss": 0, "rss": 0}
+    full, plain = psutil.Process.memory_full_info, psutil.Process.memory_info
+
+    def counted(kind, real):
+        def read(self):
+            reads[kind] += 1
+            return real(self)
+        return read
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", counted("pss", full))
+    monkeypatch.setattr(psutil.Process, "memory_info", counted("rss", plain))
+    code = "import sys, time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); " \
+           "time.sleep(30)"
+    holder = subprocess.Popen(["/bin/sh", "-c", f'"{sys.executable}" -c "{code}"'], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"1"  # the child's 200 MiB are touched
+        monitor = refresh.PeakRSS(holder.pid, interval=0.05, pss_interval=1.0)
+        monitor.start()
+        time.sleep(2.5)
+        monitor.stop()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert monitor.peak >= 200 * 2**20 and monitor.peak_pss >= 190 * 2**20, (monitor.peak, monitor.peak_pss)
+    samples = reads["pss"] + reads["rss"]  # per process of the tree (the shell and its python)
+    assert samples >= 2 * 20, reads  # RSS every 0.05 s
+    assert reads["pss"] <= 2 * 3, reads  # PSS at 0, 1 and 2 s
