@@ -247,17 +247,37 @@ def test_up_twice_down_twice_leaves_nothing():
     assert snapshot() == EMPTY
 
 
+# The cluster's timing tests compare a measured step with the ring model's prediction; in `make test` two other test
+# processes load the 2 cores (load averages of 5-6), and a rank that waits on the link gives its core away and waits
+# again for it: twice in about thirty runs a step took 1.4-1.7 x the prediction. The cluster runs ahead of the rest of
+# the suite instead: its daemons, and so the ranks that sshd and slurmd start, at this niceness (root: the cluster
+# needs it anyway). Its bounds are unchanged.
+AHEAD = -10
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    """A 2-node virtual cluster for this module's runs, taken down (and checked empty) afterwards."""
+    """A 2-node virtual cluster for this module's runs, ahead of the suite's other processes (AHEAD), taken down
+    (and checked empty) afterwards."""
     _skip_unless_cluster_possible()
+    before = os.getpriority(os.PRIO_PROCESS, 0)
     try:
+        os.setpriority(os.PRIO_PROCESS, 0, AHEAD)  # what this process starts from here on inherits it
         vcluster.up(2, "100mbit")
         yield vcluster
     finally:
         vcluster.down()
+        os.setpriority(os.PRIO_PROCESS, 0, before)
         time.sleep(0.5)
         assert snapshot() == EMPTY
+
+
+def test_the_cluster_s_ranks_run_ahead_of_the_suite(cluster):
+    """What a node's sshd starts (horovodrun's ranks) runs at AHEAD's niceness, as the timing tests need."""
+    for i in (1, 2):
+        res = subprocess.run(["ssh", "-o", "BatchMode=yes", f"labkit-node{i}", "nice"], capture_output=True,
+                             text=True, timeout=30)
+        assert res.stdout.strip() == str(AHEAD), res
 
 
 def test_horovod_two_nodes_in_sync_over_the_shaped_link(cluster):
