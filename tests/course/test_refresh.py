@@ -1,6 +1,7 @@
 """scripts/refresh_notebooks.py: refuses a busy machine, names the cell that failed, records the load and the
 cells' timestamps, and saves notebooks as JupyterLab does (so opening one marks nothing modified)."""
 import copy
+import os
 import sys
 import time
 from pathlib import Path
@@ -237,6 +238,7 @@ def test_a_notebook_runs_after_the_thread_lost_its_current_loop(tmp_path):
 def test_the_memory_monitor_sees_a_child_s_memory_and_reads_pss_at_most_once_a_second(monkeypatch):
     """PeakRSS: a child that holds 200 MiB is in both peaks; PSS (a walk of every page table, 14 ms for one
     TensorFlow process) is read at most every pss_interval seconds while RSS is read every interval."""
+    import signal
     import subprocess
 
     import psutil
@@ -252,9 +254,10 @@ def test_the_memory_monitor_sees_a_child_s_memory_and_reads_pss_at_most_once_a_s
 
     monkeypatch.setattr(psutil.Process, "memory_full_info", counted("pss", full))
     monkeypatch.setattr(psutil.Process, "memory_info", counted("rss", plain))
-    code = "import sys, time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); " \
-           "time.sleep(30)"
-    holder = subprocess.Popen(["/bin/sh", "-c", f'"{sys.executable}" -c "{code}"'], stdout=subprocess.PIPE)
+    child = "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); " \
+            "time.sleep(30)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"  # the tree: it and the child
+    holder = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert holder.stdout.readline().strip() == b"1"  # the child's 200 MiB are touched
         monitor = refresh.PeakRSS(holder.pid, interval=0.05, pss_interval=1.0)
@@ -262,9 +265,9 @@ def test_the_memory_monitor_sees_a_child_s_memory_and_reads_pss_at_most_once_a_s
         time.sleep(2.5)
         monitor.stop()
     finally:
-        holder.kill()
+        os.killpg(holder.pid, signal.SIGKILL)  # the child too
         holder.wait()
     assert monitor.peak >= 200 * 2**20 and monitor.peak_pss >= 190 * 2**20, (monitor.peak, monitor.peak_pss)
-    samples = reads["pss"] + reads["rss"]  # per process of the tree (the shell and its python)
+    samples = reads["pss"] + reads["rss"]  # per process of the tree (the parent and the child)
     assert samples >= 2 * 20, reads  # RSS every 0.05 s
     assert reads["pss"] <= 2 * 3, reads  # PSS at 0, 1 and 2 s
