@@ -93,6 +93,21 @@ def test_a_module_runs_as_python_m_does(server, tmp_path):
     assert forked == direct and forked["name"] == "__main__" and forked["path0"] == str(tmp_path)
 
 
+def test_a_forked_rank_collects_its_own_cycles_and_not_the_servers_objects(server, tmp_path):
+    """The server froze what its preloads made (gc.freeze): the child's collector skips those and still frees the
+    reference cycles the child makes, as Python's would."""
+    (tmp_path / "cycles.py").write_text(
+        "import gc, json, weakref\n"
+        "class Node:\n    pass\n"
+        "a, b = Node(), Node()\na.other, b.other = b, a\ngone = weakref.ref(a)\ndel a, b\n"
+        "found = gc.collect()\n"
+        "print(json.dumps({'frozen': gc.get_freeze_count(), 'found': found, 'freed': gone() is None}))\n")
+    forked, _, code = _facts(_start(server, [str(tmp_path / "cycles.py")], cwd=tmp_path))
+    direct, _, _ = _facts(_start(server, [str(tmp_path / "cycles.py")], cwd=tmp_path, through=False))
+    assert code == 0 and forked["freed"] and direct["freed"] and forked["found"] >= 2
+    assert forked["frozen"] > 100_000 and direct["frozen"] == 0  # TensorFlow's objects, frozen in the server
+
+
 def _child_pid(proc) -> int:
     """The pid of the process that runs the script, once it runs, which must be the server's child."""
     assert json.loads(proc.stdout.readline())["preloaded"], "the script did not start from the server"
