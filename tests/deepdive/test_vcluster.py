@@ -327,18 +327,29 @@ def test_allreduce_model_fitted_at_the_link_rate_predicts_the_training_step(clus
     The oracle is tc's rate: the fitted bandwidth must be near it, and compute alone (measured in the same
     launch, interleaved) plus the model's allreduce time near the measured step. The 15% the notebook reports
     is a measurement on a quiet machine (notebooks/results/vcluster.json); this test runs beside whatever
-    else loads the 2 cores (at load 4.8 one run gave +15.3%), so it allows 35%: still far from what a model
-    without the bandwidth term, or a link without shaping, would give (the step is ~3x compute at 100 Mbit/s).
+    else loads the 2 cores, so it allows 35%, and it sets the steps the suite disturbed least against each other:
+    the fastest synced step against the fastest compute step plus the model's allreduce (each the fastest of 9,
+    the p10 of labkit.deepdive.vcluster.summarize). A synced step waits for both ranks, so every moment either
+    one loses its core adds to it: at load 5.9 the median synced step came out 46% over the median-based model
+    (483 ms against 330). On the recorded quiet runs (notebooks/results/vcluster*.json) the fastest steps give
+    0.92-1.27 of the model. Still far from what a model without the bandwidth term (about 3x) or a link without
+    shaping (about 0.35x) would give at 100 Mbit/s.
     """
     res = cluster.run_setting(rate, steps=3, repeats=3, variants="compute,sync", chain=2, calib_repeats=3,
                               sizes=(4096, 65536, 262144, 1 << 20, 4 << 20))
     cal, steps, pred = res["calibration"], res["steps"], res["predicted"]
+    fastest = steps["sync"]["p10_s"]  # the fastest of 9 synced steps
+    model = steps["compute"]["p10_s"] + pred["comm_s"]  # the fastest of 9 compute steps, plus the allreduce
     detail = (f"{rate}: fitted {cal['bandwidth_bits'] / 1e6:.0f} Mbit/s, alpha {cal['alpha_s'] * 1e6:.0f} us; "
-              f"step {steps['sync']['median_s'] * 1e3:.0f} ms measured vs {pred['sync_s'] * 1e3:.0f} predicted "
-              f"(compute {pred['compute_s'] * 1e3:.0f} ms); load {res['load_average']:.1f}")
+              f"fastest step {fastest * 1e3:.0f} ms against {model * 1e3:.0f} ms (compute "
+              f"{steps['compute']['p10_s'] * 1e3:.0f} + allreduce {pred['comm_s'] * 1e3:.0f}); medians "
+              f"{steps['sync']['median_s'] * 1e3:.0f} against {pred['sync_s'] * 1e3:.0f} ms; "
+              f"load {res['load_average']:.1f}")
+    print(detail)
+    assert len(steps["sync"]["times_s"]) == len(steps["compute"]["times_s"]) == 9, detail
     assert cal["bandwidth_bits"] == pytest.approx(res["rate_bits"], rel=0.35), detail
     assert 0 < cal["alpha_s"] < 5e-3, detail  # Horovod's per-message software latency, no added delay
-    assert res["ratio"] == pytest.approx(1.0, abs=0.35), detail
+    assert fastest / model == pytest.approx(1.0, abs=0.35), detail
     assert res["checksums"][0] == res["checksums"][1], detail
     assert min(b["rx"] for b in res["link_bytes"].values()) > res["grad_bytes"], detail
 
