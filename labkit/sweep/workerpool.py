@@ -96,7 +96,17 @@ def _context(tensorflow: bool = True):
                 _server["started_with"] = _fixed_at_start()
                 mp.set_forkserver_preload(PRELOAD if tensorflow else PRELOAD_WITHOUT_TF)
             elif _server["started_with"] != _fixed_at_start():
-                method = "spawn"
+                # no worker of its pools left: it stops, and this pool starts it again with its own settings
+                # (one TensorFlow import instead of one per worker: 05's speed-up made 3 such pools per repeat,
+                # after a network trained in the kernel had set the hash seed); else this pool is spawned
+                before = _server["started_with"]
+                _stop_server()
+                if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
+                    _server["started_with"] = _fixed_at_start()
+                    mp.set_forkserver_preload(PRELOAD if tensorflow else PRELOAD_WITHOUT_TF)
+                else:  # still running (a worker left, or its stop timed out): its settings are still before's
+                    _server["started_with"] = before
+                    method = "spawn"
     return mp.get_context(method)
 
 

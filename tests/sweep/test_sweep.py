@@ -540,23 +540,38 @@ def _servers() -> list:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked by a server on Linux only")
 def test_the_server_ends_after_the_sweeps_and_a_pool_it_cannot_serve_is_spawned(tmp_path, monkeypatch):
-    """A pool made with another hash seed than the server started with (set_seed(n) sets it) is spawned: a forked
-    worker would keep the server's. And no server is left SERVER_IDLE_S after the sweeps that used it."""
+    """A pool made with another hash seed than the server started with (set_seed(n) sets it) never gets the
+    server's: with no worker of the server left, the server starts again with the pool's settings (one import
+    instead of one per worker); while one is left, the pool is spawned. And no server is left SERVER_IDLE_S after
+    the sweeps that used it."""
     from labkit.sweep import workerpool
     workerpool._stop_server()  # a server an earlier test started outside a sweep
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     with workerpool.one_server():
-        parents = []
-        for seed in ("0", "5"):
+        seen = []
+        for seed in ("0", "5"):  # one after the other: the first pool's worker is gone when the second starts
             monkeypatch.setenv("PYTHONHASHSEED", seed)
             pool = workerpool.new_pool(1, threads=1, tensorflow=False)
             try:
-                parents.append(pool.submit(report_env, "PYTHONHASHSEED").result(timeout=120)[::2])
+                seen.append((pool.submit(report_env, "PYTHONHASHSEED").result(timeout=120)[::2],
+                             [s.pid for s in _servers()]))
             finally:
                 workerpool.kill_pool(pool)
-        assert len(_servers()) == 1
-    (seen0, forked_by), (seen5, spawned_by) = parents
-    assert (seen0, seen5) == ("0", "5") and forked_by != os.getpid() and spawned_by == os.getpid()
+        ((seen0, forked_by0), servers0), ((seen5, forked_by5), servers5) = seen
+        assert (seen0, seen5) == ("0", "5") and os.getpid() not in (forked_by0, forked_by5)
+        assert servers0 == [forked_by0] and servers5 == [forked_by5] and forked_by0 != forked_by5  # started again
+        held = workerpool.new_pool(1, threads=1, tensorflow=False)  # a worker of the seed-5 server stays
+        try:
+            assert held.submit(report_env, "PYTHONHASHSEED").result(timeout=120)[0] == "5"
+            monkeypatch.setenv("PYTHONHASHSEED", "7")
+            pool = workerpool.new_pool(1, threads=1, tensorflow=False)
+            try:
+                seen7, _, spawned_by = pool.submit(report_env, "PYTHONHASHSEED").result(timeout=120)
+            finally:
+                workerpool.kill_pool(pool)
+        finally:
+            workerpool.kill_pool(held)
+        assert seen7 == "7" and spawned_by == os.getpid() and [s.pid for s in _servers()] == [forked_by5]
     monkeypatch.setattr(workerpool, "SERVER_IDLE_S", 1.0)
     for _ in range(2):  # a sweep right after another uses the same server; it goes once they have all ended
         run = sweep.run_sweep(toy_configs(2), Toy(str(tmp_path)), tmp_path / "r.jsonl", num_workers=2,
