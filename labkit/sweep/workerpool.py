@@ -6,9 +6,10 @@ pool is forked from it (0.05 s instead of 2-3 s and 3 CPU-seconds of TensorFlow'
 share the imported code's memory: 2 workers and the server took 431 MiB PSS here against 2 spawned workers' 604).
 Elsewhere (macOS: forking a process that has loaded TensorFlow and Apple's frameworks is not safe) spawned, each
 importing TensorFlow itself. Either way a worker gets the environment its pool was made in (_worker_init); what a
-forked worker cannot take over (the hash seed, TensorFlow's import-time settings, the CPUs) makes a pool whose
-settings differ from the server's start spawned instead. The server is stopped a minute after the last sweep that
-used it (one_server), so no process holding TensorFlow outlives the sweeps by more.
+forked worker cannot take over (the hash seed, TensorFlow's import-time settings, the CPUs) is handled when a
+pool's settings differ from those the server started with: the server starts again with the pool's when no worker
+of the old one is left, and the pool is spawned while one still runs. The server is stopped a minute after the last
+sweep that used it (one_server), so no process holding TensorFlow outlives the sweeps by more.
 
 A notebook kernel or a `labkit sweep` killed with SIGKILL cannot clean up after itself, so each worker watches
 its parent: on Linux the kernel kills it (prctl PR_SET_PDEATHSIG), everywhere (macOS) a daemon thread polling
