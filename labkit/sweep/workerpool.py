@@ -89,25 +89,26 @@ def _fixed_at_start() -> tuple:
 
 def _context(tensorflow: bool = True):
     from multiprocessing import forkserver
+
+    def running() -> bool:
+        return getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
+
     method = start_method()
     if method == "forkserver":
         with _server_lock:
-            running = getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
-            if not running or _server["started_with"] is None:  # this pool starts it: its settings are the server's
-                _server["started_with"] = _fixed_at_start()
-                mp.set_forkserver_preload(PRELOAD if tensorflow else PRELOAD_WITHOUT_TF)
-            elif _server["started_with"] != _fixed_at_start():
-                # no worker of its pools left: it stops, and this pool starts it again with its own settings
+            wanted = _fixed_at_start()
+            if running() and _server["started_with"] not in (None, wanted):
+                # no worker of its pools left: it stops, and this pool starts it again below with its own settings
                 # (one TensorFlow import instead of one per worker: 05's speed-up made 3 such pools per repeat,
                 # after a network trained in the kernel had set the hash seed); else this pool is spawned
                 before = _server["started_with"]
                 _stop_server()
-                if getattr(forkserver._forkserver, "_forkserver_pid", None) is None:
-                    _server["started_with"] = _fixed_at_start()
-                    mp.set_forkserver_preload(PRELOAD if tensorflow else PRELOAD_WITHOUT_TF)
-                else:  # still running (a worker left, or its stop timed out): its settings are still before's
+                if running():  # a worker left, or its stop timed out: its settings are still before's
                     _server["started_with"] = before
-                    method = "spawn"
+                    return mp.get_context("spawn")
+            if not running() or _server["started_with"] is None:  # this pool starts it: its settings are the server's
+                _server["started_with"] = wanted
+                mp.set_forkserver_preload(PRELOAD if tensorflow else PRELOAD_WITHOUT_TF)
     return mp.get_context(method)
 
 
