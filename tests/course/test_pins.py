@@ -182,3 +182,17 @@ def test_binder_builds_horovod_with_the_shared_script():
     post = (ROOT / "binder/postBuild").read_text()
     assert "scripts/build-horovod.sh" in post and "ipykernel install" in post
     assert re.search(r"--name labkit\b", post)
+
+
+def test_reading_a_notebook_builds_no_iri_parser():
+    """jsonschema >= 4.25 with its format-nongpl extra (nbformat's, JupyterLab's) imports rfc3987-syntax, which
+    builds its Earley parsers at import: about 1 s of CPU in every process that reads a notebook or starts
+    JupyterLab. The pin in requirements.txt keeps it out; a lock refreshed past it fails here."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nbformat, jupyter_events.validators\n"
+            "print(sorted(m for m in ('rfc3987_syntax', 'lark') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing nbformat and JupyterLab's validators loaded {out.stdout.strip()}"
