@@ -16,6 +16,17 @@ def test_options_follow_the_seeds_and_profile():
     assert s2["augment"] is True
 
 
+@pytest.mark.parametrize("profile, epochs, n_train", [("quick", 0, 0), ("workshop", 1, 512), ("full", 1, 512)])
+def test_smoke_scale_shrinks_the_conv_block_training_and_leaves_quicks_omission(monkeypatch, profile, epochs, n_train):
+    """quick does not train the conv-block network; at smoke scale it still does not (the 1-CPU box and the
+    read-only course run 01 in quick at smoke scale), while workshop and full train it for one small epoch."""
+    monkeypatch.setenv("LABKIT_SMOKE", "1")
+    opts = recipes.convblock_options(profile)
+    assert (opts["epochs"], opts["n_train"]) == (epochs, n_train)
+    monkeypatch.setenv("LABKIT_SMOKE", "0")
+    assert recipes.convblock_options(profile)["epochs"] == {"quick": 0, "workshop": 4, "full": 50}[profile]
+
+
 def test_importing_the_recipes_leaves_tensorflow_unloaded():
     import subprocess
     import sys
