@@ -48,13 +48,12 @@ def convblock_options(profile: str | None = None, num_gpus: int = 1) -> dict:
     opts["batch_size"] = 256 * num_gpus
     opts["lr"] = scaled_lr(0.1, opts["batch_size"], base_batch_size=256)
     opts["bn_momentum"] = 0.99  # Keras's default; the workshop's ~120 steps need faster-moving test statistics
-    opts.update(config.by_profile(
-        quick={"epochs": 0, "drop_period": 1, "n_train": 0, "n_test": 0, "batch_size": 100, "lr": 0.05},
-        workshop={"epochs": 4, "drop_period": 3, "n_train": 3000, "n_test": 1000, "batch_size": 100, "lr": 0.05,
-                  "bn_momentum": 0.9},
-        full={"n_train": 50000, "n_test": 10000}, name=profile))
-    # smoke scale shrinks the training a profile runs; quick leaves it out (epochs 0), and out it stays
-    # (config.by_profile's rule for a part a profile leaves out, which a dict of options cannot express)
-    if opts["epochs"] and config.smoke_scale():
-        opts.update(epochs=1, drop_period=1, n_train=512, n_test=256)
+    opts.update(config.by_profile(quick={"batch_size": 100, "lr": 0.05},
+                                  workshop={"batch_size": 100, "lr": 0.05, "bn_momentum": 0.9}, full={}, name=profile))
+    # the sizes one by one, so that what quick leaves out (it trains nothing: 0) stays out at smoke scale
+    # (config.by_profile's rule, which a dict of sizes would bypass)
+    sizes = {"epochs": (0, 4, opts["epochs"], 1), "drop_period": (1, 3, opts["drop_period"], 1),
+             "n_train": (0, 3000, 50000, 512), "n_test": (0, 1000, 10000, 256)}
+    for key, (quick, workshop, full, smoke) in sizes.items():
+        opts[key] = config.by_profile(quick=quick, workshop=workshop, full=full, smoke=smoke, name=profile)
     return opts
